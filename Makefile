@@ -1,0 +1,50 @@
+# nmo-rs: every entry point a developer, CI or a demo needs.
+SHELL := /usr/bin/env bash
+.DEFAULT_GOAL := help
+CRD_FILE := manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml
+
+.PHONY: help build test unit-test integration-test lint fmt crds cluster-up cluster-down deploy-local undeploy-local demo bench
+
+help: ## Show the targets and what they do
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ## Build every crate (debug)
+	cargo build --workspace --all-targets
+
+test: ## Run unit tests, then start the local control plane and run the integration tests
+	bash tests/run-tests.sh
+
+unit-test: ## Unit tests only (no cluster needed)
+	cargo test --workspace --lib --bins
+
+integration-test: cluster-up ## Integration tests against the local control plane
+	bash tests/run-tests.sh --integration-only
+
+lint: ## cargo fmt --check and clippy with -D warnings
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+fmt: ## Format the code
+	cargo fmt --all
+
+crds: ## Regenerate the CRD in manifests/ from the Rust types
+	cargo run -q -p nmo-shared --bin crdgen > $(CRD_FILE)
+	@echo "wrote $(CRD_FILE)"
+
+cluster-up: ## Build (cached) and start the local control plane; kubeconfig in .cluster/kubeconfig
+	bash tests/cluster/up.sh
+
+cluster-down: ## Stop every process of the local control plane
+	bash tests/cluster/down.sh
+
+deploy-local: ## Build release binaries and run webhook + controller against the local cluster
+	bash tests/deploy/deploy-local.sh
+
+undeploy-local: ## Stop the locally running webhook and controller
+	bash tests/deploy/deploy-local.sh --stop
+
+demo: ## Local cluster + both services + a guided node maintenance
+	bash tests/deploy/demo.sh
+
+bench: ## Performance figures: webhook reviews/s and latency, controller drain time
+	bash tests/bench.sh

@@ -1,0 +1,82 @@
+//! Kubernetes events as upstream writes them: core/v1 Events with source
+//! component `NodeMaintenance`, so `kubectl describe` and existing alerting on
+//! event reasons see exactly what they saw before. Failing to write an event
+//! is logged, never fatal: it must not block a maintenance.
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use shared::consts::{EVENT_COMPONENT, EventSpec};
+
+#[derive(Clone)]
+pub struct Events {
+    client: Client,
+    instance: String,
+}
+
+/// A reference to any object for an event's `involvedObject`.
+pub fn reference<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(K::api_version(&()).to_string()),
+        kind: Some(K::kind(&()).to_string()),
+        name: obj.meta().name.clone(),
+        namespace: obj.meta().namespace.clone(),
+        uid: obj.meta().uid.clone(),
+        resource_version: obj.meta().resource_version.clone(),
+        ..Default::default()
+    }
+}
+
+impl Events {
+    pub fn new(client: Client, instance: String) -> Self {
+        Events { client, instance }
+    }
+
+    pub async fn publish(&self, on: ObjectReference, ev: EventSpec) {
+        let now = Timestamp::now();
+        let obj_name = on.name.clone().unwrap_or_default();
+        // Cluster-scoped objects (Node, NodeMaintenance) get their events in "default".
+        let ns = on
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_string());
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{obj_name}.{:x}", now.as_nanosecond())),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            involved_object: on,
+            reason: Some(ev.reason.to_string()),
+            message: Some(ev.message.to_string()),
+            type_: Some(if ev.warning { "Warning" } else { "Normal" }.to_string()),
+            source: Some(EventSource {
+                component: Some(EVENT_COMPONENT.to_string()),
+                host: None,
+            }),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            event_time: Some(MicroTime(now)),
+            count: Some(1),
+            action: Some(ev.reason.to_string()),
+            reporting_component: Some(EVENT_COMPONENT.to_string()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Default::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
+        if let Err(e) = api.create(&PostParams::default(), &event).await {
+            tracing::warn!(
+                object = %obj_name, reason = ev.reason, error = %e,
+                "could not record event; check the controller may create events in namespace {ns}"
+            );
+        } else {
+            tracing::debug!(object = %obj_name, reason = ev.reason, "event recorded");
+        }
+    }
+
+    pub async fn on<K: Resource<DynamicType = ()> + ResourceExt>(&self, obj: &K, ev: EventSpec) {
+        self.publish(reference(obj), ev).await;
+    }
+}

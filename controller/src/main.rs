@@ -1,0 +1,267 @@
+//! nmo-controller: parse flags, start telemetry and probes, win leadership
+//! (when asked to), run the NodeMaintenance controller until SIGTERM.
+
+mod classify;
+mod config;
+mod drain;
+mod events;
+mod metrics;
+mod node;
+mod node_lease;
+mod reconcile;
+mod slots;
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Parser;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, WatchStreamExt, predicates, reflector, watcher};
+use kube::{Api, Client, ResourceExt};
+use shared::NodeMaintenance;
+use shared::probes::{Readiness, bind_and_serve, metrics_router, probe_router};
+use shared::telemetry::{init_logging, parse_bind_address};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::reconcile::{Ctx, error_policy, reconcile};
+
+#[tokio::main]
+async fn main() {
+    let cfg = Config::parse();
+    init_logging(cfg.runtime.zap_level);
+    if let Err(e) = run(cfg).await {
+        tracing::error!(error = format!("{e:#}"), "nmo-controller stopped");
+        std::process::exit(1);
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+}
+
+fn instance_name() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| format!("nmo-controller-{}", std::process::id()))
+}
+
+async fn run(cfg: Config) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    let readiness = Readiness::default();
+    let leading_gate = readiness.gate("leadership or standby");
+    let cache_gate = readiness.gate("NodeMaintenance cache");
+    let metrics = metrics::Metrics::new().context("registering metrics")?;
+
+    // Probes and metrics first, so a slow API server still shows liveness.
+    let mut servers = Vec::new();
+    if let Some(addr) = parse_bind_address(
+        "--health-probe-bind-address",
+        &cfg.runtime.health_probe_bind_address,
+    )? {
+        let s = shutdown.clone();
+        let fut = bind_and_serve(
+            "probes",
+            addr,
+            probe_router(readiness.clone()),
+            async move { s.cancelled().await },
+        )
+        .await?;
+        servers.push(tokio::spawn(fut));
+    }
+    if let Some(addr) =
+        parse_bind_address("--metrics-bind-address", &cfg.runtime.metrics_bind_address)?
+    {
+        let s = shutdown.clone();
+        let fut = bind_and_serve(
+            "metrics",
+            addr,
+            metrics_router(metrics.registry.clone()),
+            async move { s.cancelled().await },
+        )
+        .await?;
+        servers.push(tokio::spawn(fut));
+    }
+
+    let client = Client::try_default().await.context(
+        "building the Kubernetes client (in-cluster config or KUBECONFIG); check the service account or kubeconfig",
+    )?;
+
+    {
+        let s = shutdown.clone();
+        let r = readiness.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutdown requested: finishing in-flight reconciles");
+            r.begin_shutdown();
+            s.cancel();
+        });
+    }
+
+    // Leader election: only the leader reconciles (and so writes status).
+    let mut leadership = None;
+    if cfg.leader_elect {
+        let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &cfg.leader_election_id)
+            .with_namespace(&cfg.leader_election_namespace)
+            .with_identity(instance_name())
+            .with_duration(15)
+            .with_grace(5)
+            .build()
+            .await
+            .with_context(|| {
+                format!(
+                    "setting up leader election on Lease {}/{}; check the namespace exists and RBAC allows leases",
+                    cfg.leader_election_namespace, cfg.leader_election_id
+                )
+            })?;
+        let (mut channel, task) = manager.watch().await;
+        // A standby replica is ready: it serves probes and waits its turn.
+        leading_gate.set(true);
+        tracing::info!(lease = %cfg.leader_election_id, "waiting to become leader");
+        loop {
+            if *channel.borrow_and_update() {
+                break;
+            }
+            tokio::select! {
+                changed = channel.changed() => changed.context("leader election stopped")?,
+                _ = shutdown.cancelled() => return Ok(()),
+            }
+        }
+        tracing::info!("became leader");
+        leadership = Some((channel, task));
+    } else {
+        leading_gate.set(true);
+    }
+
+    let nm_api: Api<NodeMaintenance> = Api::all(client.clone());
+    let mut wc = watcher::Config::default();
+    if !cfg.nodemaintenance_selector.is_empty() {
+        wc = wc.labels(&cfg.nodemaintenance_selector);
+    }
+    let (store, writer) = reflector::store();
+    // Reconcile on what matters (spec, finalizers, deletion), not on our own
+    // status writes: the drain schedules its own next round.
+    let nm_stream = watcher(nm_api, wc)
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(
+            |nm: &NodeMaintenance| {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                predicates::generation(nm).hash(&mut h);
+                predicates::finalizers(nm).hash(&mut h);
+                nm.metadata.deletion_timestamp.is_some().hash(&mut h);
+                Some(h.finish())
+            },
+            Default::default(),
+        );
+
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        store: store.clone(),
+        events: events::Events::new(client.clone(), instance_name()),
+        metrics,
+        leases: node_lease::NodeLeases::new(client.clone(), cfg.lease_namespace.clone()),
+        max_concurrent_maintenances: cfg.max_concurrent_maintenances,
+        max_concurrent_evictions: cfg.max_concurrent_evictions,
+    });
+
+    {
+        let store = store.clone();
+        let gate = cache_gate.clone();
+        tokio::spawn(async move {
+            if store.wait_until_ready().await.is_ok() {
+                gate.set(true);
+                tracing::info!("NodeMaintenance cache synced");
+            }
+        });
+    }
+
+    // A node change (someone uncordons it, removes a taint) reaches the
+    // NodeMaintenance that names it.
+    let node_store = store.clone();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node_watch = watcher(nodes, watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .predicate_filter(
+            |n: &Node| {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                if let Some(spec) = &n.spec {
+                    spec.unschedulable.hash(&mut h);
+                    if let Some(t) = &spec.taints {
+                        for t in t {
+                            (&t.key, &t.effect).hash(&mut h);
+                        }
+                    }
+                }
+                n.metadata.labels.hash(&mut h);
+                n.metadata.uid.hash(&mut h);
+                Some(h.finish())
+            },
+            Default::default(),
+        );
+
+    let controller = Controller::for_stream(nm_stream, store)
+        .watches_stream(node_watch, move |node: Node| {
+            let name = node.name_any();
+            node_store
+                .state()
+                .iter()
+                .filter(|nm| nm.spec.node_name == name)
+                .map(|nm| ObjectRef::from_obj(nm.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on({
+            let s = shutdown.clone();
+            async move { s.cancelled().await }
+        })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "reconcile request failed");
+            }
+        });
+
+    if let Some((mut channel, _task)) = leadership {
+        tokio::select! {
+            _ = controller => {},
+            _ = async {
+                loop {
+                    if channel.changed().await.is_err() || !*channel.borrow_and_update() {
+                        break;
+                    }
+                }
+            } => {
+                // Like controller-runtime: a replica that lost leadership exits
+                // so it can never write status alongside the new leader.
+                anyhow::bail!("lost leadership of Lease {}/{}; exiting so only the leader writes", cfg.leader_election_namespace, cfg.leader_election_id);
+            }
+        }
+    } else {
+        controller.await;
+    }
+
+    shutdown.cancel();
+    for s in servers {
+        let _ = s.await;
+    }
+    tracing::info!("nmo-controller stopped cleanly");
+    Ok(())
+}

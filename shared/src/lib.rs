@@ -1,0 +1,18 @@
+//! Types and rules shared by the nmo-rs controller and webhook.
+//!
+//! Nothing in here talks to the API server: it is the NodeMaintenance API, the
+//! constants of the upstream compatibility contract, and pure functions over
+//! plain data (lease validity, the etcd quorum rule, node roles), plus the
+//! telemetry and probe plumbing both binaries start the same way.
+
+pub mod consts;
+pub mod crd;
+pub mod lease;
+pub mod nodes;
+pub mod probes;
+pub mod quorum;
+pub mod telemetry;
+
+pub use crd::{
+    MaintenancePhase, NodeMaintenance, NodeMaintenanceSpec, NodeMaintenanceStatus, PodReference,
+};

@@ -1,0 +1,154 @@
+//! Runtime flags common to both binaries and the JSON log setup.
+//!
+//! Flag names and defaults follow upstream's controller-runtime binaries so
+//! existing Deployments, runbooks and dashboards keep working.
+
+use std::net::SocketAddr;
+
+use clap::{Args, ValueEnum};
+use tracing_subscriber::EnvFilter;
+
+/// Flags both the controller and the webhook accept.
+#[derive(Args, Debug, Clone)]
+pub struct RuntimeFlags {
+    /// Address the Prometheus `/metrics` endpoint binds to (Go style: ":8080" means every
+    /// interface, port 8080; "0" turns metrics off).
+    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8080")]
+    pub metrics_bind_address: String,
+
+    /// Address the `/healthz` and `/readyz` probes bind to (Go style, "0" turns them off).
+    #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
+    pub health_probe_bind_address: String,
+
+    /// Enable HTTP/2 on TLS servers. Off by default to sidestep the HTTP/2
+    /// rapid-reset CVEs (CVE-2023-44487, CVE-2023-39325).
+    #[arg(long, env = "ENABLE_HTTP2", default_value_t = false)]
+    pub enable_http2: bool,
+
+    /// Log level: debug, info or error (zap's names; warn, dpanic, panic and fatal are
+    /// accepted too). Logs are JSON lines on stderr.
+    #[arg(long, env = "ZAP_LEVEL", value_enum, default_value = "info")]
+    pub zap_level: ZapLevel,
+}
+
+/// Log levels under zap's names, so `--zap-level=debug` keeps working.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZapLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+    Dpanic,
+    Panic,
+    Fatal,
+}
+
+impl ZapLevel {
+    fn directive(self) -> &'static str {
+        match self {
+            ZapLevel::Debug => "debug",
+            ZapLevel::Info => "info",
+            ZapLevel::Warn => "warn",
+            ZapLevel::Error | ZapLevel::Dpanic | ZapLevel::Panic | ZapLevel::Fatal => "error",
+        }
+    }
+}
+
+/// Install the global JSON log subscriber. Our crates log at the chosen level;
+/// dependencies (hyper, rustls, kube internals) one step quieter unless debugging.
+/// `RUST_LOG`, when set, overrides everything.
+pub fn init_logging(level: ZapLevel) {
+    let lvl = level.directive();
+    let deps = if level == ZapLevel::Debug {
+        "info"
+    } else {
+        "warn"
+    };
+    let filter = EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "{deps},nmo_controller={lvl},nmo_webhook={lvl},shared={lvl},kube_runtime={deps}"
+        ))
+    });
+    let _ = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_span_list(false)
+        .with_target(true)
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .try_init();
+}
+
+/// Errors in a bind address flag.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "invalid bind address {value:?} for {flag}: {reason}; use HOST:PORT, :PORT or 0 to disable"
+)]
+pub struct BindAddressError {
+    pub flag: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+/// Parse a Go-style bind address: ":8080" binds all interfaces, "0" disables
+/// the listener (None), "127.0.0.1:9000" and "[::1]:9000" as usual.
+pub fn parse_bind_address(
+    flag: &'static str,
+    value: &str,
+) -> Result<Option<SocketAddr>, BindAddressError> {
+    let v = value.trim();
+    if v == "0" || v.is_empty() {
+        return Ok(None);
+    }
+    let full = if let Some(port) = v.strip_prefix(':') {
+        format!("0.0.0.0:{port}")
+    } else if let Some(port) = v.strip_prefix("localhost:") {
+        format!("127.0.0.1:{port}")
+    } else {
+        v.to_string()
+    };
+    full.parse::<SocketAddr>()
+        .map(Some)
+        .map_err(|e| BindAddressError {
+            flag,
+            value: value.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_style_bind_addresses() {
+        let p = |v| parse_bind_address("--x", v);
+        assert_eq!(
+            p(":8080").expect("ok"),
+            Some("0.0.0.0:8080".parse().expect("addr"))
+        );
+        assert_eq!(p("0").expect("ok"), None);
+        assert_eq!(
+            p("127.0.0.1:9").expect("ok"),
+            Some("127.0.0.1:9".parse().expect("addr"))
+        );
+        assert_eq!(
+            p("localhost:9").expect("ok"),
+            Some("127.0.0.1:9".parse().expect("addr"))
+        );
+        assert_eq!(
+            p("[::1]:9").expect("ok"),
+            Some("[::1]:9".parse().expect("addr"))
+        );
+        let err = p("nonsense").expect_err("must fail");
+        assert!(err.to_string().contains("--x"), "{err}");
+    }
+
+    #[test]
+    fn zap_level_names() {
+        assert_eq!(ZapLevel::from_str("debug", false), Ok(ZapLevel::Debug));
+        assert_eq!(ZapLevel::Error.directive(), "error");
+        assert_eq!(ZapLevel::Fatal.directive(), "error");
+    }
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Adds N kwok worker nodes to the running local cluster and waits until they are
+# Ready and schedulable.
+#
+#   tests/cluster/add-nodes.sh N [PREFIX]     # PREFIX defaults to "worker"
+#
+# Names continue after the highest existing PREFIX-<k> (worker-4, worker-5, ...),
+# so running it twice adds 2N nodes. Prints the new node names, one per line.
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+
+count="${1:-}"
+prefix="${2:-worker}"
+[[ "$count" =~ ^[0-9]+$ ]] || die "usage: $0 N [PREFIX]  (N = number of worker nodes to add)"
+[[ "$prefix" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || die "PREFIX '$prefix' is not a valid node name prefix"
+[ "$count" -gt 0 ] || exit 0
+
+fix_no_proxy
+if [ ! -f "$STATE_FILE" ] || [ ! -x "$CLUSTER_DIR/bin/kubectl" ]; then
+  die "no local cluster in $CLUSTER_DIR; run tests/cluster/up.sh first"
+fi
+# shellcheck disable=SC1090
+source "$STATE_FILE"
+apiserver_ready || die "the API server at https://127.0.0.1:$API_PORT is not ready; run tests/cluster/up.sh"
+
+max=0
+for n in $(kc get nodes -o jsonpath='{.items[*].metadata.name}'); do
+  if [[ "$n" =~ ^${prefix}-([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -gt "$max" ]; then
+    max="${BASH_REMATCH[1]}"
+  fi
+done
+names=()
+for ((i = max + 1; i <= max + count; i++)); do names+=("$prefix-$i"); done
+
+create_nodes worker "${names[@]}"
+wait_nodes_ready "${NODE_TIMEOUT:-120}" "${names[@]}" || die "new nodes did not become Ready"
+printf '%s\n' "${names[@]}"

@@ -1,0 +1,242 @@
+# shellcheck shell=bash disable=SC2034  # (variables are used by the scripts sourcing this)
+# Shared helpers for up.sh, down.sh and add-nodes.sh. Sourced, never run.
+#
+# State layout (all under $CLUSTER_DIR, default <repo>/.cluster, git-ignored):
+#   state.env         ports and bin dir of the running plane (sourced by the scripts)
+#   env               `source .cluster/env` sets KUBECONFIG and PATH for a shell
+#   kubeconfig        admin kubeconfig (client cert in group system:masters)
+#   bin/kubectl       link to the kubectl matching the API server version
+#   pki/              CA, serving/client certs, service-account key pair, per-component kubeconfigs
+#   data/etcd/        etcd data directory
+#   pids/<c>.pid      pid of each component, pids/<c>.cmd its command line (for error messages)
+#   logs/<c>.log      each component's output; kept by down.sh for post-mortems
+#   .lock             flock taken by up.sh / down.sh so parallel callers do not race
+
+CLUSTER_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$CLUSTER_LIB_DIR/versions.env"
+REPO_ROOT="$(cd "$CLUSTER_LIB_DIR/../.." && pwd)"
+CLUSTER_DIR="${NMO_CLUSTER_DIR:-$REPO_ROOT/.cluster}"
+PKI="$CLUSTER_DIR/pki"
+PIDS="$CLUSTER_DIR/pids"
+LOGS="$CLUSTER_DIR/logs"
+KUBECONFIG_ADMIN="$CLUSTER_DIR/kubeconfig"
+STATE_FILE="$CLUSTER_DIR/state.env"
+
+# Start order; down.sh stops in the reverse order so clients go before the API
+# server and the API server before etcd (no noisy reconnect loops in the logs).
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# Processes started here talk to 127.0.0.1; an inherited proxy setting would send
+# those requests (and kubectl's, and the operator's) to the proxy instead.
+fix_no_proxy() {
+  if [ -n "${http_proxy:-}${https_proxy:-}${HTTP_PROXY:-}${HTTPS_PROXY:-}${all_proxy:-}${ALL_PROXY:-}" ]; then
+    local v
+    for v in NO_PROXY no_proxy; do
+      case ",${!v:-}," in
+        *,127.0.0.1,*) ;;
+        *) export "$v=${!v:+${!v},}127.0.0.1,localhost" ;;
+      esac
+    done
+  fi
+}
+
+# need_cmd CMD DEBIAN_PACKAGE: installs the package when CMD is missing, so a
+# fresh machine needs nothing done by hand.
+need_cmd() {
+  command -v "$1" >/dev/null && return 0
+  log "$1 not found; installing Debian package $2"
+  command -v apt-get >/dev/null || die "$1 is missing and apt-get is not available; install $2"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get install -y -qq "$2" >/dev/null 2>&1 ||
+    { $sudo apt-get update -qq >/dev/null && $sudo apt-get install -y -qq "$2" >/dev/null; } ||
+    die "could not install $2 (needed for $1)"
+  command -v "$1" >/dev/null || die "$1 still missing after installing $2"
+}
+
+# pid_of COMPONENT: prints the recorded pid if that process is alive AND is ours.
+# "Ours" = its command line mentions $CLUSTER_DIR (every component gets a path
+# under it), which guards against a recycled pid belonging to something else.
+pid_of() {
+  local f="$PIDS/$1.pid" pid
+  [ -f "$f" ] || return 1
+  pid="$(cat "$f")"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  is_ours "$pid" || return 1
+  echo "$pid"
+}
+
+is_ours() {
+  [ -r "/proc/$1/cmdline" ] || return 1
+  # zombies keep a cmdline-less /proc entry; treat them as dead
+  [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ] || return 1
+  # (captured, not piped into grep -q: that can fail on SIGPIPE under pipefail)
+  local cmd
+  cmd="$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline")" || return 1
+  [[ "$cmd" == *"$CLUSTER_DIR/"* ]]
+}
+
+# stray_pids: processes of our components whose pid file is gone (e.g. .cluster/
+# was half-deleted). Found by their own binary name plus the unique state path
+# in their command line, never by name alone.
+stray_pids() {
+  local p exe
+  for p in /proc/[0-9]*; do
+    p="${p#/proc/}"
+    exe="$(readlink "/proc/$p/exe" 2>/dev/null)" || continue
+    case "${exe##*/}" in
+      etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kwok)
+        is_ours "$p" && echo "$p" ;;
+    esac
+  done
+}
+
+# stop_all: TERM every component (reverse start order), KILL what is still alive
+# after STOP_TIMEOUT seconds, and remove the pid files. Safe to run repeatedly.
+stop_all() {
+  local timeout="${STOP_TIMEOUT:-15}" c pid i pids=()
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+    c="${COMPONENTS[$i]}"
+    if pid="$(pid_of "$c")"; then
+      log "stopping $c (pid $pid)"
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+      # let the clients go before the API server, and the API server before etcd
+      for _ in $(seq 20); do is_ours "$pid" || break; sleep 0.1; done
+    fi
+  done
+  for pid in $(stray_pids); do
+    log "stopping stray component pid $pid ($(readlink "/proc/$pid/exe" 2>/dev/null || echo '?'))"
+    kill -TERM "$pid" 2>/dev/null || true
+    pids+=("$pid")
+  done
+  local deadline=$((SECONDS + timeout))
+  for pid in "${pids[@]}"; do
+    while is_ours "$pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
+    if is_ours "$pid"; then
+      log "pid $pid ignored TERM for ${timeout} s; sending KILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do is_ours "$pid" || break; sleep 0.1; done
+    fi
+  done
+  # The components were re-parented to init when up.sh exited, so it reaps them;
+  # give it a moment so `pgrep` right after down.sh does not list <defunct> ones.
+  deadline=$((SECONDS + 5))
+  for pid in "${pids[@]}"; do
+    while [ -e "/proc/$pid" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
+  done
+  rm -f "$PIDS"/*.pid 2>/dev/null || true
+}
+
+# wipe_state: everything but logs/ and the lock file.
+wipe_state() {
+  rm -rf "${CLUSTER_DIR:?}/data" "${CLUSTER_DIR:?}/pki" "${CLUSTER_DIR:?}/pids" \
+    "${CLUSTER_DIR:?}/bin" "${CLUSTER_DIR:?}/state.env" "${CLUSTER_DIR:?}/env" \
+    "${CLUSTER_DIR:?}/kubeconfig"
+}
+
+# kubectl against the admin kubeconfig
+kc() { "$CLUSTER_DIR/bin/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+
+apiserver_ready() {
+  [ "$(curl -fsS --max-time 3 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+    "https://127.0.0.1:$API_PORT/readyz" 2>/dev/null)" = ok ]
+}
+
+# node_manifest NAME ROLE(control-plane|worker): a Node kwok manages (annotation
+# kwok.x-k8s.io/node=fake). Status is kept on create, so the capacity set here is
+# what the scheduler sees.
+node_manifest() {
+  local name=$1 role=$2
+  cat <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: $name
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    type: kwok
+    kubernetes.io/hostname: $name
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+EOF
+  if [ "$role" = control-plane ]; then
+    cat <<EOF
+    node-role.kubernetes.io/control-plane: ""
+    node-role.kubernetes.io/master: ""
+spec:
+  taints:
+  - key: node-role.kubernetes.io/control-plane
+    effect: NoSchedule
+EOF
+  else
+    echo "spec: {}"
+  fi
+  cat <<EOF
+status:
+  addresses:
+  - {type: Hostname, address: $name}
+  allocatable: {cpu: "32", memory: 256Gi, pods: "110", ephemeral-storage: 1Ti}
+  capacity: {cpu: "32", memory: 256Gi, pods: "110", ephemeral-storage: 1Ti}
+  nodeInfo:
+    architecture: amd64
+    operatingSystem: linux
+    kubeletVersion: $K8S_VERSION
+    kubeProxyVersion: $K8S_VERSION
+---
+EOF
+}
+
+# create_nodes ROLE NAME...: creates the named nodes that do not exist yet (existing
+# ones are left alone, so a reused cluster keeps whatever cordons/taints tests set).
+create_nodes() {
+  local role=$1; shift
+  local existing missing=() n
+  existing=" $(kc get nodes -o jsonpath='{.items[*].metadata.name}') "
+  for n in "$@"; do
+    [[ "$existing" == *" $n "* ]] || missing+=("$n")
+  done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  log "creating $role nodes: ${missing[*]}"
+  for n in "${missing[@]}"; do node_manifest "$n" "$role"; done | kc create -f - >/dev/null
+}
+
+# wait_nodes_ready TIMEOUT NAME...: waits for Ready=True (set by kwok) and for the
+# node lifecycle controller to lift the not-ready taint, after which the scheduler
+# will place pods there.
+wait_nodes_ready() {
+  local timeout=$1; shift
+  local deadline=$((SECONDS + timeout)) n pending last=""
+  while :; do
+    pending=()
+    local rows
+    rows="$(kc get nodes "$@" -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.status.conditions[?(@.type=="Ready")].status}{" "}{.spec.taints[*].key}{"\n"}{end}' 2>/dev/null)" || rows=""
+    for n in "$@"; do
+      local row
+      row="$(grep -E "^$n " <<<"$rows" || true)"
+      if [[ "$row" != "$n True"* ]] || [[ "$row" == *node.kubernetes.io/not-ready* ]] ||
+        [[ "$row" == *node.kubernetes.io/unreachable* ]]; then
+        pending+=("$n")
+      fi
+    done
+    [ ${#pending[@]} -eq 0 ] && return 0
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      log "nodes not Ready (or still tainted not-ready) after ${timeout} s: ${pending[*]}"
+      kc get nodes -o wide >&2 || true
+      printf 'last lines of %s:\n' "$LOGS/kwok.log" >&2
+      tail -n 20 "$LOGS/kwok.log" >&2 || true
+      return 1
+    fi
+    if [ "${pending[*]}" != "$last" ]; then
+      log "waiting for nodes to be Ready: ${pending[*]}"
+      last="${pending[*]}"
+    fi
+    sleep 0.5
+  done
+}

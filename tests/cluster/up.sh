@@ -1,0 +1,358 @@
+#!/usr/bin/env bash
+# Starts a real Kubernetes control plane on 127.0.0.1 as plain background
+# processes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) plus
+# kwok as the fake kubelet of every node, then creates the default node topology.
+#
+#   tests/cluster/up.sh                       # 3 control-plane + 3 worker nodes
+#   CONTROL_PLANES=1 WORKERS=5 tests/cluster/up.sh
+#
+# Afterwards: `source .cluster/env` (KUBECONFIG + kubectl on PATH), or
+# `.cluster/bin/kubectl --kubeconfig .cluster/kubeconfig get nodes`.
+#
+# Idempotent: a healthy running plane (every pid alive, /readyz ok, same binaries)
+# is reused (only missing topology nodes are created). A partly dead one is stopped
+# and replaced by a fresh one. The processes outlive this script (setsid + nohup);
+# tests/cluster/down.sh stops them.
+#
+# Ports: the first free port at or above each base, so two clones can run side by
+# side. Bases (override with the env variable in brackets):
+#   etcd client 22379 [NMO_ETCD_PORT], etcd peer 22380 [NMO_ETCD_PEER_PORT],
+#   kube-apiserver 26443 [NMO_API_PORT], kube-controller-manager 20257 [NMO_KCM_PORT],
+#   kube-scheduler 20259 [NMO_SCHED_PORT], kwok health 20247 [NMO_KWOK_PORT].
+# All are below the Linux ephemeral range (32768+) so outgoing connections cannot
+# grab them between the check and the start. The chosen ones are in .cluster/state.env.
+#
+# Other knobs: COMPONENT_TIMEOUT (s per component, default 120), NODE_TIMEOUT
+# (default 120), NMO_CLUSTER_DIR (state dir, default <repo>/.cluster).
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+
+t_start=$SECONDS
+CONTROL_PLANES="${CONTROL_PLANES:-3}"
+WORKERS="${WORKERS:-3}"
+COMPONENT_TIMEOUT="${COMPONENT_TIMEOUT:-120}"
+NODE_TIMEOUT="${NODE_TIMEOUT:-120}"
+SERVICE_CIDR="10.96.0.0/12"
+SERVICE_API_IP="10.96.0.1" # first address of SERVICE_CIDR: the 'kubernetes' Service
+[[ "$CONTROL_PLANES" =~ ^[0-9]+$ && "$WORKERS" =~ ^[0-9]+$ ]] ||
+  die "CONTROL_PLANES and WORKERS must be non-negative integers (got '$CONTROL_PLANES', '$WORKERS')"
+
+fix_no_proxy
+need_cmd curl curl
+need_cmd openssl openssl
+need_cmd setsid util-linux
+need_cmd flock util-linux
+
+# ---- binaries (cached; a cold build takes minutes and prints its own progress)
+BIN="$("$CLUSTER_LIB_DIR/build.sh" | tail -n 1)"
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
+  [ -x "$BIN/$b" ] || die "build.sh returned '$BIN' but $b is not there"
+done
+
+mkdir -p "$CLUSTER_DIR"
+# One up/down at a time per state dir (e.g. `make test` and `make demo` in parallel).
+exec 9>"$CLUSTER_DIR/.lock"
+flock 9
+
+# ---- reuse a healthy plane
+plane_healthy() {
+  [ -f "$STATE_FILE" ] || return 1
+  # shellcheck disable=SC1090
+  source "$STATE_FILE"
+  if [ "${STATE_BIN:-}" != "$BIN" ]; then
+    log "running plane uses other binaries ($STATE_BIN); replacing it"
+    return 1
+  fi
+  local c
+  for c in "${COMPONENTS[@]}"; do
+    if ! pid_of "$c" >/dev/null; then
+      log "$c of the previous plane is not running; replacing the plane"
+      return 1
+    fi
+  done
+  [ -x "$CLUSTER_DIR/bin/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] || return 1
+  apiserver_ready || { log "API server of the previous plane is not ready; replacing the plane"; return 1; }
+}
+
+# ---- fresh start helpers
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+picked=" "
+pick_port() {
+  local p=$1
+  while port_in_use "$p" || [[ "$picked" == *" $p "* ]]; do
+    p=$((p + 1))
+    [ "$p" -lt $(($1 + 200)) ] || die "no free port in $1..$p"
+  done
+  picked+="$p "
+  echo "$p"
+}
+
+# issue NAME SUBJECT USAGE [SAN]: an EC P-256 key and a certificate signed by our CA.
+issue() {
+  local name=$1 subj=$2 usage=$3 san=${4:-}
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$PKI/$name.key" 2>/dev/null
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr"
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature"
+    echo "extendedKeyUsage=$usage"
+    [ -z "$san" ] || echo "subjectAltName=$san"
+  } >"$PKI/$name.ext"
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
+    -set_serial "0x$(openssl rand -hex 16)" -days 3650 -sha256 \
+    -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+gen_pki() {
+  mkdir -p "$PKI"
+  chmod 700 "$PKI"
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$PKI/ca.key" 2>/dev/null
+  openssl req -x509 -new -key "$PKI/ca.key" -sha256 -days 3650 -subj "/CN=nmo-rs-test-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,digitalSignature,keyCertSign,cRLSign" -out "$PKI/ca.crt"
+  # Service-account token signing pair (RSA, as kubeadm makes it).
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$PKI/sa.key" 2>/dev/null
+  openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
+  issue kube-apiserver "/CN=kube-apiserver" serverAuth \
+    "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:$SERVICE_API_IP"
+  # Client identities. The controller manager and scheduler use the names the
+  # RBAC bootstrap policy binds; kwok and the admin are in system:masters (kwok
+  # writes nodes, leases and pod status, as kwokctl sets it up).
+  issue admin "/O=system:masters/CN=nmo-rs-admin" clientAuth
+  issue kube-controller-manager "/CN=system:kube-controller-manager" clientAuth
+  issue kube-scheduler "/CN=system:kube-scheduler" clientAuth
+  issue kwok "/O=system:masters/CN=kwok-controller" clientAuth
+  chmod 600 "$PKI"/*.key
+}
+
+# write_kubeconfig FILE CERT_NAME
+write_kubeconfig() {
+  local file=$1 name=$2
+  cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nmo-rs
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority-data: $(base64 -w0 <"$PKI/ca.crt")
+users:
+- name: $name
+  user:
+    client-certificate-data: $(base64 -w0 <"$PKI/$name.crt")
+    client-key-data: $(base64 -w0 <"$PKI/$name.key")
+contexts:
+- name: nmo-rs
+  context:
+    cluster: nmo-rs
+    user: $name
+current-context: nmo-rs
+EOF
+  chmod 600 "$file"
+}
+
+# start_component NAME CMD...: detached from this script's session (setsid) and
+# immune to SIGHUP (nohup) so it outlives `make cluster-up`; fd 9 (our lock) is
+# closed so a daemon never holds the lock.
+start_component() {
+  local name=$1; shift
+  printf '%q ' "$@" >"$PIDS/$name.cmd"
+  log "starting $name (log: $LOGS/$name.log)"
+  setsid nohup "$@" </dev/null >"$LOGS/$name.log" 2>&1 9>&- &
+  echo "$!" >"$PIDS/$name.pid"
+}
+
+component_failed() {
+  local name=$1 why=$2
+  {
+    echo "[cluster] ERROR: $name $why"
+    echo "  command: $(cat "$PIDS/$name.cmd" 2>/dev/null)"
+    echo "  log:     $LOGS/$name.log"
+    echo "  last lines of the log:"
+    tail -n 40 "$LOGS/$name.log" 2>/dev/null | sed 's/^/    /'
+  } >&2
+  exit 1
+}
+
+# wait_healthy NAME CHECK...: polls CHECK until it succeeds, failing fast if the
+# process died and after COMPONENT_TIMEOUT seconds otherwise.
+wait_healthy() {
+  local name=$1; shift
+  local t0=$SECONDS next=$((SECONDS + 5))
+  until "$@"; do
+    pid_of "$name" >/dev/null || component_failed "$name" "exited during startup"
+    [ "$SECONDS" -lt $((t0 + COMPONENT_TIMEOUT)) ] ||
+      component_failed "$name" "not healthy after $COMPONENT_TIMEOUT s (check: $*)"
+    if [ "$SECONDS" -ge "$next" ]; then
+      log "  $name: still waiting ($((SECONDS - t0)) s)"
+      next=$((SECONDS + 5))
+    fi
+    sleep 0.2
+  done
+  log "$name healthy after $((SECONDS - t0)) s"
+}
+
+etcd_ok() { [[ "$(curl -fsS --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null)" == *'"health":"true"'* ]]; }
+https_healthz() { [ "$(curl -fsSk --max-time 2 "https://127.0.0.1:$1/healthz" 2>/dev/null)" = ok ]; }
+kwok_ok() { curl -fsS --max-time 2 "http://127.0.0.1:$KWOK_PORT/healthz" >/dev/null 2>&1; }
+
+starting=0
+on_exit() {
+  local rc=$?
+  if [ "$rc" -ne 0 ] && [ "$starting" = 1 ]; then
+    log "up.sh failed; stopping the components it started (logs kept in $LOGS)"
+    stop_all
+  fi
+}
+trap on_exit EXIT
+trap 'exit 130' INT TERM
+
+fresh_start() {
+  starting=1
+  stop_all # leftovers of a partly dead plane, and strays without pid files
+  wipe_state
+  # keep the previous run's logs one generation, for post-mortems
+  if compgen -G "$LOGS/*.log" >/dev/null; then
+    rm -rf "$LOGS/previous"
+    mkdir -p "$LOGS/previous"
+    mv "$LOGS"/*.log "$LOGS/previous/"
+  fi
+  mkdir -p "$CLUSTER_DIR/data" "$PIDS" "$LOGS" "$CLUSTER_DIR/bin"
+  ln -sfn "$BIN/kubectl" "$CLUSTER_DIR/bin/kubectl"
+
+  ETCD_PORT="$(pick_port "${NMO_ETCD_PORT:-22379}")"
+  ETCD_PEER_PORT="$(pick_port "${NMO_ETCD_PEER_PORT:-22380}")"
+  API_PORT="$(pick_port "${NMO_API_PORT:-26443}")"
+  KCM_PORT="$(pick_port "${NMO_KCM_PORT:-20257}")"
+  SCHED_PORT="$(pick_port "${NMO_SCHED_PORT:-20259}")"
+  KWOK_PORT="$(pick_port "${NMO_KWOK_PORT:-20247}")"
+  log "ports: etcd $ETCD_PORT (peer $ETCD_PEER_PORT), kube-apiserver $API_PORT," \
+    "kube-controller-manager $KCM_PORT, kube-scheduler $SCHED_PORT, kwok $KWOK_PORT"
+
+  log "generating PKI in $PKI"
+  gen_pki
+  write_kubeconfig "$KUBECONFIG_ADMIN" admin
+  for c in kube-controller-manager kube-scheduler kwok; do
+    write_kubeconfig "$PKI/$c.kubeconfig" "$c"
+  done
+
+  # --unsafe-no-fsync: throwaway test data; fsync latency dominates on slow disks.
+  start_component etcd "$BIN/etcd" --name=nmo-rs --data-dir="$CLUSTER_DIR/data/etcd" \
+    --listen-client-urls="http://127.0.0.1:$ETCD_PORT" \
+    --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster="nmo-rs=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --unsafe-no-fsync --log-level=warn
+  wait_healthy etcd etcd_ok
+
+  # --advertise-address: with a loopback bind address the API server would
+  # otherwise look for a host interface (and fail where there is no default route).
+  # --endpoint-reconciler-type=none: Endpoints may not hold loopback addresses, so
+  # the reconciler of the 'kubernetes' Service would only log errors; nothing here
+  # reaches the API server through that Service.
+  # Default admission plugins stay on (ServiceAccount, NamespaceLifecycle, ...).
+  start_component kube-apiserver "$BIN/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
+    --tls-cert-file="$PKI/kube-apiserver.crt" --tls-private-key-file="$PKI/kube-apiserver.key" \
+    --client-ca-file="$PKI/ca.crt" \
+    --service-cluster-ip-range="$SERVICE_CIDR" \
+    --allow-privileged=true \
+    --authorization-mode=Node,RBAC \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$PKI/sa.pub" \
+    --service-account-signing-key-file="$PKI/sa.key" \
+    --endpoint-reconciler-type=none
+  wait_healthy kube-apiserver apiserver_ready
+
+  # No --authentication/--authorization-kubeconfig for the controller manager and
+  # scheduler: their delegated authn would want a requestheader CA the API server
+  # does not have (and log an error every few seconds); /healthz is always allowed.
+  # The controller manager computes PDB status and runs ReplicaSets, DaemonSets,
+  # node lifecycle (lifts the not-ready taint) and GC; leader election is pointless
+  # with one instance and only delays startup.
+  start_component kube-controller-manager "$BIN/kube-controller-manager" \
+    --kubeconfig="$PKI/kube-controller-manager.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$KCM_PORT" \
+    --leader-elect=false \
+    --service-account-private-key-file="$PKI/sa.key" \
+    --root-ca-file="$PKI/ca.crt" \
+    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+    --use-service-account-credentials=true
+  start_component kube-scheduler "$BIN/kube-scheduler" \
+    --kubeconfig="$PKI/kube-scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" \
+    --leader-elect=false
+  # kwok.yaml pins kwok's configuration, so a ~/.kwok/kwok.yaml on a developer's
+  # machine cannot change the behaviour (kwok reads it by default).
+  start_component kwok "$BIN/kwok" \
+    --kubeconfig="$PKI/kwok.kubeconfig" \
+    --config="$CLUSTER_LIB_DIR/kwok.yaml" \
+    --manage-all-nodes=false \
+    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --server-address="127.0.0.1:$KWOK_PORT"
+  wait_healthy kube-controller-manager https_healthz "$KCM_PORT"
+  wait_healthy kube-scheduler https_healthz "$SCHED_PORT"
+  wait_healthy kwok kwok_ok
+
+  cat >"$STATE_FILE" <<EOF
+# written by tests/cluster/up.sh; read by up.sh, add-nodes.sh and tests
+STATE_BIN=$BIN
+K8S_VERSION=$K8S_VERSION
+ETCD_PORT=$ETCD_PORT
+ETCD_PEER_PORT=$ETCD_PEER_PORT
+API_PORT=$API_PORT
+KCM_PORT=$KCM_PORT
+SCHED_PORT=$SCHED_PORT
+KWOK_PORT=$KWOK_PORT
+ADMIN_KUBECONFIG=$KUBECONFIG_ADMIN
+EOF
+  cat >"$CLUSTER_DIR/env" <<EOF
+# source this file: kubectl and KUBECONFIG for the local test cluster
+export KUBECONFIG="$KUBECONFIG_ADMIN"
+export PATH="$CLUSTER_DIR/bin:\$PATH"
+EOF
+}
+
+if plane_healthy; then
+  log "reusing the running control plane (API server https://127.0.0.1:$API_PORT)"
+  fresh=0
+else
+  if [ -f "$STATE_FILE" ] || compgen -G "$PIDS/*.pid" >/dev/null; then
+    log "previous plane is unhealthy or incomplete; stopping its leftovers and starting fresh"
+  fi
+  fresh_start
+  fresh=1
+fi
+
+# ---- topology: kwok nodes (only the missing ones are created)
+cps=() workers=()
+for ((i = 1; i <= CONTROL_PLANES; i++)); do cps+=("cp-$i"); done
+for ((i = 1; i <= WORKERS; i++)); do workers+=("worker-$i"); done
+[ ${#cps[@]} -eq 0 ] || create_nodes control-plane "${cps[@]}"
+[ ${#workers[@]} -eq 0 ] || create_nodes worker "${workers[@]}"
+if [ $((${#cps[@]} + ${#workers[@]})) -gt 0 ]; then
+  wait_nodes_ready "$NODE_TIMEOUT" "${cps[@]}" "${workers[@]}" ||
+    die "nodes did not become Ready (kwok log: $LOGS/kwok.log)"
+fi
+
+# Pods can only be admitted once the controller manager has made the namespace's
+# 'default' ServiceAccount (ServiceAccount admission); tests use 'default' first.
+t0=$SECONDS
+until kc get serviceaccount default -n default >/dev/null 2>&1; do
+  [ $((SECONDS - t0)) -lt "$COMPONENT_TIMEOUT" ] ||
+    die "ServiceAccount default/default never appeared (log: $LOGS/kube-controller-manager.log)"
+  sleep 0.3
+done
+
+starting=0
+log "nodes: ${#cps[@]} control-plane, ${#workers[@]} worker (all Ready)"
+log "kubeconfig: $KUBECONFIG_ADMIN   kubectl: $CLUSTER_DIR/bin/kubectl   (or: source $CLUSTER_DIR/env)"
+if [ "$fresh" = 1 ]; then
+  echo "control plane ready in $((SECONDS - t_start)) s"
+else
+  echo "control plane ready in $((SECONDS - t_start)) s (reused the running one)"
+fi

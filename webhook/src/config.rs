@@ -1,0 +1,272 @@
+//! Command-line flags (each also readable from the environment) and their
+//! resolution into concrete settings: listen addresses, certificate paths, limits.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use shared::consts::{OLM_CERT_DIR, OLM_CERT_FILE, OLM_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE};
+use shared::telemetry::{BindAddressError, RuntimeFlags, parse_bind_address};
+
+/// controller-runtime's default certificate directory, used when neither
+/// `--cert-dir` is given nor OLM's directory holds a certificate.
+pub const CONTROLLER_RUNTIME_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "nmo-webhook",
+    version,
+    about = "Validating admission webhook for NodeMaintenance objects",
+    long_about = "Validating admission webhook for NodeMaintenance objects \
+        (nodemaintenance.medik8s.io/v1beta1).\n\n\
+        Serves AdmissionReview v1 over TLS on --webhook-bind-address; probes (/healthz, /readyz) \
+        and /metrics on their own plain-HTTP ports. Answers come from watch caches of \
+        NodeMaintenances, Node metadata and, on OpenShift, the etcd guard PDB and pods."
+)]
+pub struct Config {
+    #[command(flatten)]
+    pub runtime: RuntimeFlags,
+
+    /// Address the TLS admission endpoint binds to (Go style: ":9443" means every interface).
+    #[arg(long, env = "WEBHOOK_BIND_ADDRESS", default_value = ":9443")]
+    pub webhook_bind_address: String,
+
+    /// Directory holding the serving certificate and key. Default: OLM's
+    /// /apiserver.local.config/certificates when it holds apiserver.crt, else
+    /// /tmp/k8s-webhook-server/serving-certs (controller-runtime's default).
+    #[arg(long, env = "CERT_DIR", value_name = "DIR")]
+    pub cert_dir: Option<PathBuf>,
+
+    /// Certificate file name inside --cert-dir. Default: apiserver.crt when that
+    /// file exists (OLM), else tls.crt (cert-manager / Secret volume).
+    #[arg(long, env = "CERT_NAME", value_name = "FILE")]
+    pub cert_name: Option<String>,
+
+    /// Private key file name inside --cert-dir. Default: apiserver.key when
+    /// apiserver.crt exists (OLM), else tls.key.
+    #[arg(long, env = "KEY_NAME", value_name = "FILE")]
+    pub key_name: Option<String>,
+
+    /// How often the certificate files are re-read even without a change
+    /// notification (a backstop for missed filesystem events), e.g. "60s".
+    #[arg(long, env = "CERT_RELOAD_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub cert_reload_interval: Duration,
+
+    /// Whether the etcd quorum rule for control-plane nodes applies: "auto"
+    /// detects OpenShift by API discovery of config.openshift.io/v1 at start.
+    #[arg(long, env = "OPENSHIFT", value_enum, default_value = "auto")]
+    pub openshift: OpenShiftMode,
+
+    /// Kubeconfig file to use. Default: in-cluster service account, else the
+    /// KUBECONFIG environment variable, else ~/.kube/config.
+    #[arg(long, env = "WEBHOOK_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Longest time to receive one request body; slower requests get 408.
+    #[arg(long, env = "REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Largest accepted request body in bytes; larger requests get 413.
+    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Reviews processed at once; more wait up to --request-timeout, then get 429.
+    #[arg(long, env = "MAX_CONCURRENT_REVIEWS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_reviews: u32,
+
+    /// Open TLS connections accepted at once; further connections are closed at once.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Longest time for a client to finish the TLS handshake.
+    #[arg(long, env = "TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub tls_handshake_timeout: Duration,
+
+    /// How long an HTTP/1.1 connection may wait for the next request's headers.
+    /// Keep it above the API server's idle-connection timeout (90 s), otherwise
+    /// the webhook closes connections the API server is about to reuse.
+    #[arg(long, env = "IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// On SIGTERM, keep serving this long after /readyz turned red (gives
+    /// endpoints time to drop this replica) before closing the listener.
+    #[arg(long, env = "SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+
+    /// Longest time to finish in-flight reviews after the listener closed.
+    #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "8s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+}
+
+/// `--openshift` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenShiftMode {
+    /// Detect by API discovery of config.openshift.io/v1.
+    Auto,
+    /// Apply the etcd quorum rule without asking.
+    True,
+    /// Never apply the etcd quorum rule.
+    False,
+}
+
+/// Errors turning flags into settings.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    BindAddress(#[from] BindAddressError),
+    #[error(
+        "--webhook-bind-address must not be \"0\": the webhook cannot run without its TLS listener"
+    )]
+    NoWebhookListener,
+}
+
+/// Where the serving certificate and key live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertPaths {
+    pub dir: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Listen addresses after parsing (None = that endpoint is off).
+#[derive(Debug, Clone)]
+pub struct Listeners {
+    pub webhook: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+    pub probes: Option<SocketAddr>,
+}
+
+impl Config {
+    pub fn listeners(&self) -> Result<Listeners, ConfigError> {
+        Ok(Listeners {
+            webhook: parse_bind_address("--webhook-bind-address", &self.webhook_bind_address)?
+                .ok_or(ConfigError::NoWebhookListener)?,
+            metrics: parse_bind_address(
+                "--metrics-bind-address",
+                &self.runtime.metrics_bind_address,
+            )?,
+            probes: parse_bind_address(
+                "--health-probe-bind-address",
+                &self.runtime.health_probe_bind_address,
+            )?,
+        })
+    }
+
+    /// Resolve the certificate directory and file names, applying the OLM /
+    /// cert-manager auto-detection for whatever was not given explicitly.
+    pub fn cert_paths(&self) -> CertPaths {
+        let dir = match &self.cert_dir {
+            Some(d) => d.clone(),
+            None if Path::new(OLM_CERT_DIR).join(OLM_CERT_FILE).exists() => {
+                PathBuf::from(OLM_CERT_DIR)
+            }
+            None => PathBuf::from(CONTROLLER_RUNTIME_CERT_DIR),
+        };
+        let olm = dir.join(OLM_CERT_FILE).exists();
+        let (default_cert, default_key) = if olm {
+            (OLM_CERT_FILE, OLM_KEY_FILE)
+        } else {
+            (TLS_CERT_FILE, TLS_KEY_FILE)
+        };
+        let cert = dir.join(self.cert_name.as_deref().unwrap_or(default_cert));
+        let key = dir.join(self.key_name.as_deref().unwrap_or(default_key));
+        CertPaths { dir, cert, key }
+    }
+}
+
+/// Parse "10s", "250ms", "2m", "1h" or a bare number of seconds.
+pub fn parse_duration(value: &str) -> Result<Duration, String> {
+    let v = value.trim();
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {value:?}: expected e.g. 10s, 250ms, 2m"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        other => {
+            return Err(format!(
+                "invalid duration {value:?}: unknown unit {other:?}; use ms, s, m or h"
+            ));
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!(
+            "invalid duration {value:?}: must be a non-negative number"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        let mut full = vec!["nmo-webhook"];
+        full.extend_from_slice(args);
+        Config::try_parse_from(full).expect("flags parse")
+    }
+
+    #[test]
+    fn defaults_match_controller_runtime() {
+        let c = parse(&[]);
+        let l = c.listeners().expect("listeners");
+        assert_eq!(l.webhook, "0.0.0.0:9443".parse().expect("addr"));
+        assert_eq!(l.metrics, Some("0.0.0.0:8080".parse().expect("addr")));
+        assert_eq!(l.probes, Some("0.0.0.0:8081".parse().expect("addr")));
+        assert_eq!(c.openshift, OpenShiftMode::Auto);
+        assert!(!c.runtime.enable_http2);
+        assert_eq!(c.max_body_bytes, 1024 * 1024);
+    }
+
+    #[test]
+    fn cert_names_follow_the_directory_contents() {
+        let dir =
+            std::env::temp_dir().join(format!("nmo-webhook-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let d = dir.to_str().expect("utf8");
+
+        let c = parse(&["--cert-dir", d]);
+        assert_eq!(c.cert_paths().cert, dir.join("tls.crt"));
+        assert_eq!(c.cert_paths().key, dir.join("tls.key"));
+
+        std::fs::write(dir.join("apiserver.crt"), b"x").expect("write");
+        assert_eq!(c.cert_paths().cert, dir.join("apiserver.crt"));
+        assert_eq!(c.cert_paths().key, dir.join("apiserver.key"));
+
+        let c = parse(&[
+            "--cert-dir",
+            d,
+            "--cert-name",
+            "a.pem",
+            "--key-name",
+            "b.pem",
+        ]);
+        assert_eq!(c.cert_paths().cert, dir.join("a.pem"));
+        assert_eq!(c.cert_paths().key, dir.join("b.pem"));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
+    fn webhook_listener_cannot_be_disabled() {
+        let c = parse(&["--webhook-bind-address", "0"]);
+        assert!(matches!(c.listeners(), Err(ConfigError::NoWebhookListener)));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! nmo-webhook: the validating admission webhook for NodeMaintenance objects.
+//!
+//! `run` wires the parts: certificate (`tls`), watch caches (`cache`), the pure
+//! decision (`validate`) behind the hardened TLS endpoint (`server`), probes and
+//! metrics on their own plain-HTTP ports, and graceful shutdown on SIGTERM/SIGINT.
+
+pub mod cache;
+pub mod config;
+pub mod etcd;
+pub mod metrics;
+pub mod review;
+pub mod server;
+pub mod shutdown;
+pub mod tls;
+pub mod validate;
+
+use std::sync::Arc;
+
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use shared::probes::{Readiness, ServeError, bind_and_serve, metrics_router, probe_router};
+
+use crate::config::{Config, ConfigError};
+use crate::metrics::{Metrics, MetricsError};
+use crate::server::{AppState, Limits, ServeOptions, ServerError};
+use crate::tls::{CertResolver, TlsError};
+
+/// Everything that stops the webhook from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    #[error("serving certificate: {0}")]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    #[error(
+        "cannot build a Kubernetes client: {0}; run in a pod with a service account, set KUBECONFIG or pass --kubeconfig"
+    )]
+    Kube(String),
+    #[error("cannot install signal handlers: {0}")]
+    Signals(#[from] std::io::Error),
+}
+
+async fn kube_client(config: &Config) -> Result<Client, Error> {
+    let Some(path) = &config.kubeconfig else {
+        return Client::try_default()
+            .await
+            .map_err(|e| Error::Kube(e.to_string()));
+    };
+    let kubeconfig = Kubeconfig::read_from(path)
+        .map_err(|e| Error::Kube(format!("reading --kubeconfig {}: {e}", path.display())))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Kube(format!("loading --kubeconfig {}: {e}", path.display())))?;
+    Client::try_from(cfg).map_err(|e| Error::Kube(e.to_string()))
+}
+
+/// Run the webhook until SIGTERM/SIGINT; returns once in-flight reviews are done.
+pub async fn run(config: Config) -> Result<(), Error> {
+    let listeners = config.listeners()?;
+    let metrics = Metrics::new()?;
+    let readiness = Readiness::default();
+    let signals = shutdown::Signals::install()?;
+
+    // Certificate first: unusable files stop the start with the path in the message.
+    let cert_gate = readiness.gate("serving certificate");
+    let resolver = Arc::new(CertResolver::load(config.cert_paths(), metrics.clone())?);
+    cert_gate.set(true);
+    let tls_config = tls::server_config(resolver.clone(), config.runtime.enable_http2)?;
+    let listener = server::bind(listeners.webhook).await?;
+
+    let client = kube_client(&config).await?;
+    let caches = cache::Caches::start(client, config.openshift, &readiness, &metrics);
+
+    // Probes and metrics keep answering until the process exits, so /readyz
+    // reports "shutting down" while in-flight reviews finish.
+    if let Some(addr) = listeners.probes {
+        let serving = bind_and_serve(
+            "health probes",
+            addr,
+            probe_router(readiness.clone()),
+            std::future::pending(),
+        )
+        .await?;
+        tokio::spawn(serving);
+    }
+    if let Some(addr) = listeners.metrics {
+        let serving = bind_and_serve(
+            "metrics",
+            addr,
+            metrics_router(metrics.registry.clone()),
+            std::future::pending(),
+        )
+        .await?;
+        tokio::spawn(serving);
+    }
+    tokio::spawn(tls::watch_for_changes(
+        resolver,
+        config.cert_reload_interval,
+        signals.requested(),
+    ));
+
+    let state = AppState::new(
+        caches,
+        metrics,
+        Limits {
+            max_body_bytes: config.max_body_bytes,
+            request_timeout: config.request_timeout,
+            max_concurrent_reviews: config.max_concurrent_reviews as usize,
+        },
+    );
+    let opts = ServeOptions {
+        max_connections: config.max_connections as usize,
+        tls_handshake_timeout: config.tls_handshake_timeout,
+        idle_timeout: config.idle_timeout,
+        enable_http2: config.runtime.enable_http2,
+        shutdown_timeout: config.shutdown_timeout,
+    };
+    let shutdown_delay = config.shutdown_delay;
+    let stop_accepting = {
+        let readiness = readiness.clone();
+        let requested = signals.requested();
+        async move {
+            requested.await;
+            readiness.begin_shutdown();
+            tracing::info!(delay = ?shutdown_delay, "shutdown requested; /readyz is now failing");
+            if !shutdown_delay.is_zero() {
+                tokio::time::sleep(shutdown_delay).await;
+            }
+        }
+    };
+    server::serve(
+        listener,
+        tls_config,
+        server::router(state),
+        opts,
+        stop_accepting,
+    )
+    .await;
+    tracing::info!("webhook stopped");
+    Ok(())
+}

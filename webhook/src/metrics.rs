@@ -1,0 +1,117 @@
+//! Prometheus series of the webhook. The two `controller_runtime_webhook_*`
+//! series keep upstream's names and labels so existing dashboards work; the
+//! `nmo_webhook_*` series are ours.
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// HTTP requests by status code, as controller-runtime counts them.
+    pub requests_total: IntCounterVec,
+    /// Request latency in seconds (controller-runtime's name and default buckets).
+    pub latency_seconds: HistogramVec,
+    /// Requests being served right now.
+    pub requests_in_flight: IntGaugeVec,
+    /// Admission decisions by operation, allowed and reason.
+    pub decisions_total: IntCounterVec,
+    /// notAfter of the certificate being served, unix seconds.
+    pub certificate_not_after_seconds: IntGauge,
+    /// Certificate reloads by result (success / failure).
+    pub certificate_reloads_total: IntCounterVec,
+    /// 1 once a cache has its first full list, by cache name.
+    pub cache_ready: IntGaugeVec,
+    /// 1 when the etcd quorum rule applies (OpenShift), 0 otherwise.
+    pub openshift: IntGauge,
+}
+
+/// Error creating or registering a series (a programming error: duplicate name).
+#[derive(Debug, thiserror::Error)]
+#[error("registering webhook metrics failed: {0}")]
+pub struct MetricsError(#[from] prometheus::Error);
+
+impl Metrics {
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let requests_total = IntCounterVec::new(
+            Opts::new(
+                "controller_runtime_webhook_requests_total",
+                "Total number of admission requests by HTTP status code.",
+            ),
+            &["code", "webhook"],
+        )?;
+        let latency_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "controller_runtime_webhook_latency_seconds",
+                "Histogram of the latency of processing admission requests",
+            ),
+            &["webhook"],
+        )?;
+        let requests_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "controller_runtime_webhook_requests_in_flight",
+                "Current number of admission requests being served.",
+            ),
+            &["webhook"],
+        )?;
+        let decisions_total = IntCounterVec::new(
+            Opts::new(
+                "nmo_webhook_decisions_total",
+                "Admission decisions by operation, outcome and reason.",
+            ),
+            &["operation", "allowed", "reason"],
+        )?;
+        let certificate_not_after_seconds = IntGauge::new(
+            "nmo_webhook_certificate_not_after_seconds",
+            "Expiry (notAfter) of the serving certificate currently in use, as unix time.",
+        )?;
+        let certificate_reloads_total = IntCounterVec::new(
+            Opts::new(
+                "nmo_webhook_certificate_reloads_total",
+                "Serving certificate reloads after a change on disk, by result (success, failure).",
+            ),
+            &["result"],
+        )?;
+        let cache_ready = IntGaugeVec::new(
+            Opts::new(
+                "nmo_webhook_cache_ready",
+                "1 once the named watch cache holds its first complete list.",
+            ),
+            &["cache"],
+        )?;
+        let openshift = IntGauge::new(
+            "nmo_webhook_openshift",
+            "1 when the etcd quorum rule for control-plane nodes applies (OpenShift).",
+        )?;
+        registry.register(Box::new(requests_total.clone()))?;
+        registry.register(Box::new(latency_seconds.clone()))?;
+        registry.register(Box::new(requests_in_flight.clone()))?;
+        registry.register(Box::new(decisions_total.clone()))?;
+        registry.register(Box::new(certificate_not_after_seconds.clone()))?;
+        registry.register(Box::new(certificate_reloads_total.clone()))?;
+        registry.register(Box::new(cache_ready.clone()))?;
+        registry.register(Box::new(openshift.clone()))?;
+        // Show both results from the start so rate() and alerts work before the first reload.
+        for result in ["success", "failure"] {
+            certificate_reloads_total.with_label_values(&[result]);
+        }
+        Ok(Metrics {
+            registry,
+            requests_total,
+            latency_seconds,
+            requests_in_flight,
+            decisions_total,
+            certificate_not_after_seconds,
+            certificate_reloads_total,
+            cache_ready,
+            openshift,
+        })
+    }
+
+    /// The latency histogram of one webhook path (resolved once, not per request).
+    pub fn latency_for(&self, webhook: &str) -> Histogram {
+        self.latency_seconds.with_label_values(&[webhook])
+    }
+}

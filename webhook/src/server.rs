@@ -1,0 +1,379 @@
+//! The admission endpoint: an axum router on a TLS listener, hardened so that
+//! no input can crash it, hang it or make it answer 5xx.
+//!
+//! Limits: request body size (413), time to receive the body (408), reviews in
+//! progress (429 after waiting `request_timeout`), open connections (closed at
+//! once above the limit), TLS handshake time. Shutdown stops accepting, lets
+//! every in-flight review finish (bounded by a timeout) and returns.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use prometheus::{Histogram, IntCounter, IntGauge};
+use rustls::ServerConfig;
+use shared::consts::WEBHOOK_PATH;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+
+use crate::metrics::Metrics;
+use crate::review;
+use crate::validate::{Decision, Lookups, Reason, decide};
+
+/// Per-request limits.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
+    pub max_concurrent_reviews: usize,
+}
+
+/// Per-connection settings of the TLS listener.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub max_connections: usize,
+    pub tls_handshake_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub enable_http2: bool,
+    pub shutdown_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(
+        "cannot listen on {addr} for the admission webhook: {source}; free the port or pick another with --webhook-bind-address"
+    )]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Shared state of the review handler.
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+struct Inner {
+    lookups: Arc<dyn Lookups>,
+    metrics: Metrics,
+    limits: Limits,
+    permits: Semaphore,
+    // Resolved once: label lookups are not free on the hot path.
+    latency: Histogram,
+    in_flight: IntGauge,
+    ok_total: IntCounter,
+}
+
+impl AppState {
+    pub fn new(lookups: Arc<dyn Lookups>, metrics: Metrics, limits: Limits) -> Self {
+        let latency = metrics.latency_for(WEBHOOK_PATH);
+        let in_flight = metrics
+            .requests_in_flight
+            .with_label_values(&[WEBHOOK_PATH]);
+        let ok_total = metrics
+            .requests_total
+            .with_label_values(&["200", WEBHOOK_PATH]);
+        AppState(Arc::new(Inner {
+            lookups,
+            permits: Semaphore::new(limits.max_concurrent_reviews),
+            metrics,
+            limits,
+            latency,
+            in_flight,
+            ok_total,
+        }))
+    }
+}
+
+/// Router with the validate path only; everything else is 404 / 405.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(WEBHOOK_PATH, post(review_handler))
+        .with_state(state)
+}
+
+async fn review_handler(State(st): State<AppState>, req: Request) -> Response {
+    let start = Instant::now();
+    st.0.in_flight.inc();
+    let resp = handle(&st.0, req, start).await;
+    st.0.in_flight.dec();
+    let code = resp.status();
+    if code == StatusCode::OK {
+        st.0.ok_total.inc();
+    } else {
+        st.0.metrics
+            .requests_total
+            .with_label_values(&[code.as_str(), WEBHOOK_PATH])
+            .inc();
+    }
+    st.0.latency.observe(start.elapsed().as_secs_f64());
+    resp
+}
+
+fn plain(code: StatusCode, msg: String) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        msg,
+    )
+        .into_response()
+}
+
+async fn handle(st: &Inner, req: Request, start: Instant) -> Response {
+    let limits = &st.limits;
+    // Wait for a slot, but not forever: an overloaded webhook says so (429).
+    let _permit = match tokio::time::timeout(limits.request_timeout, st.permits.acquire()).await {
+        Ok(Ok(p)) => p,
+        _ => {
+            return plain(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "webhook busy: more than {} reviews in progress for {:?}; retry later or raise --max-concurrent-reviews",
+                    limits.max_concurrent_reviews, limits.request_timeout
+                ),
+            );
+        }
+    };
+    if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
+        if !is_json(ct) {
+            return plain(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "content type {ct:?} not supported: send the AdmissionReview as application/json"
+                ),
+            );
+        }
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
+        return too_large(limits.max_body_bytes);
+    }
+    let body = Limited::new(req.into_body(), limits.max_body_bytes);
+    let bytes: Bytes = match tokio::time::timeout(limits.request_timeout, body.collect()).await {
+        Err(_) => {
+            return plain(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "request body not received within {:?}",
+                    limits.request_timeout
+                ),
+            );
+        }
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return too_large(limits.max_body_bytes);
+        }
+        Ok(Err(e)) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the request body: {e}"),
+            );
+        }
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+
+    let request = match review::decode(&bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            return match e.uid {
+                Some(uid) => {
+                    let d = Decision::malformed(Reason::Malformed, e.message);
+                    record(st, "", &d, &uid, "", "", start);
+                    json(review::encode_response(&uid, false, d.code, &d.message))
+                }
+                None => plain(StatusCode::BAD_REQUEST, e.message),
+            };
+        }
+    };
+    let decision = decide(&request, st.lookups.as_ref());
+    record(
+        st,
+        request.operation.label(),
+        &decision,
+        &request.uid,
+        &request.user,
+        request.operation.as_str(),
+        start,
+    );
+    json(review::encode_response(
+        &request.uid,
+        decision.allowed,
+        decision.code,
+        &decision.message,
+    ))
+}
+
+fn is_json(ct: &HeaderValue) -> bool {
+    ct.to_str()
+        .map(|s| {
+            s.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("application/json")
+        })
+        .unwrap_or(false)
+}
+
+fn too_large(max: usize) -> Response {
+    plain(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("request body larger than {max} bytes (--max-body-bytes)"),
+    )
+}
+
+fn json(body: Vec<u8>) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+/// Count the decision and write its log line.
+fn record(
+    st: &Inner,
+    op_label: &str,
+    d: &Decision,
+    uid: &str,
+    user: &str,
+    operation: &str,
+    start: Instant,
+) {
+    let op_label = if op_label.is_empty() {
+        "UNKNOWN"
+    } else {
+        op_label
+    };
+    st.metrics
+        .decisions_total
+        .with_label_values(&[
+            op_label,
+            if d.allowed { "true" } else { "false" },
+            d.reason.as_str(),
+        ])
+        .inc();
+    let latency_ms = start.elapsed().as_secs_f64() * 1000.0;
+    tracing::info!(
+        target: "nmo_webhook::decision",
+        uid,
+        user,
+        operation,
+        object = d.object.as_str(),
+        node = d.node.as_deref().unwrap_or(""),
+        allowed = d.allowed,
+        reason = d.reason.as_str(),
+        message = d.message.as_str(),
+        latency_ms,
+        "admission decision"
+    );
+}
+
+/// Bind the TLS port now, so a taken port fails the start.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// Serve `router` over TLS on `listener` until `shutdown` completes, then
+/// finish in-flight requests (at most `opts.shutdown_timeout`).
+pub async fn serve(
+    listener: TcpListener,
+    tls: ServerConfig,
+    router: Router,
+    opts: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) {
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let graceful = GracefulShutdown::new();
+    let connections = Arc::new(Semaphore::new(opts.max_connections));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(opts.idle_timeout)
+        .keep_alive(true);
+    if !opts.enable_http2 {
+        builder = builder.http1_only();
+    }
+    let builder = Arc::new(builder);
+    let mut shutdown = std::pin::pin!(shutdown);
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(endpoint = "admission webhook (TLS)", %addr, http2 = opts.enable_http2, "listening");
+    }
+
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, max = opts.max_connections, "connection limit reached; closing new connection (--max-connections)");
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let builder = builder.clone();
+        let service = TowerToHyperService::new(router.clone());
+        let watcher = graceful.watcher();
+        let handshake_timeout = opts.tls_handshake_timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            if let Err(e) = watcher.watch(conn).await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+
+    drop(listener);
+    tracing::info!(
+        connections = graceful.count(),
+        "stopped accepting; finishing in-flight reviews"
+    );
+    if tokio::time::timeout(opts.shutdown_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(timeout = ?opts.shutdown_timeout, "in-flight reviews did not finish in time; closing anyway");
+    }
+}

@@ -1,0 +1,641 @@
+//! The admission decision: a pure function of the review and of what the
+//! caches know, so every branch is unit-tested without a cluster.
+//!
+//! CREATE, in upstream's order: the node exists; no other NodeMaintenance names
+//! it; on OpenShift a control-plane node keeps etcd quorum. UPDATE:
+//! `spec.nodeName` is immutable. Anything else is allowed. When a lookup cannot
+//! be answered (a cache still filling) the request is denied with "please try
+//! again" and the cause, never guessed.
+
+use shared::NodeMaintenance;
+use shared::consts::{
+    GROUP, KIND, MSG_NODE_NAME_IMMUTABLE, msg_duplicate, msg_etcd_quorum, msg_node_not_found,
+};
+use shared::quorum::{GuardPdb, GuardPodReadiness, QuorumVerdict, allows_disruption};
+
+use crate::review::{Operation, ReviewRequest};
+
+/// What the rules need to know about a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub control_plane: bool,
+}
+
+/// Inputs of the etcd quorum rule for one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdGuard {
+    pub pdbs: Vec<GuardPdb>,
+    pub guard_pod: Option<GuardPodReadiness>,
+}
+
+/// A lookup that cannot be answered right now; the text is the cause.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unavailable(pub String);
+
+/// What the decision may ask of the cluster (served from caches).
+pub trait Lookups: Send + Sync {
+    fn node(&self, name: &str) -> Result<Option<NodeFacts>, Unavailable>;
+    fn maintenance_exists_for(&self, node: &str) -> Result<bool, Unavailable>;
+    fn is_openshift(&self) -> Result<bool, Unavailable>;
+    fn etcd_guard(&self, node: &str) -> Result<EtcdGuard, Unavailable>;
+}
+
+/// Why a decision came out as it did: the `reason` label of
+/// `nmo_webhook_decisions_total` and of the decision log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// CREATE passed every rule that applies.
+    Valid,
+    /// CREATE on OpenShift control plane: the guard PDB allows a disruption.
+    QuorumDisruptionAllowed,
+    /// CREATE on OpenShift control plane: the node's guard pod is not ready.
+    QuorumAlreadyDisrupted,
+    /// CREATE on OpenShift control plane: no guard pod on the node.
+    QuorumNoGuardPod,
+    /// UPDATE that keeps spec.nodeName.
+    NodeNameUnchanged,
+    /// DELETE / CONNECT: nothing to validate.
+    NotValidated,
+    NodeNotFound,
+    Duplicate,
+    QuorumViolation,
+    QuorumNoPdb,
+    QuorumSeveralPdbs,
+    NodeNameImmutable,
+    /// A cache could not answer; the client should retry.
+    LookupUnavailable,
+    /// The review or its objects could not be read.
+    Malformed,
+    /// The review is about some other resource than NodeMaintenance.
+    UnexpectedResource,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Valid => "valid",
+            Reason::QuorumDisruptionAllowed => "quorum_disruption_allowed",
+            Reason::QuorumAlreadyDisrupted => "quorum_already_disrupted",
+            Reason::QuorumNoGuardPod => "quorum_no_guard_pod",
+            Reason::NodeNameUnchanged => "node_name_unchanged",
+            Reason::NotValidated => "not_validated",
+            Reason::NodeNotFound => "node_not_found",
+            Reason::Duplicate => "duplicate",
+            Reason::QuorumViolation => "quorum_violation",
+            Reason::QuorumNoPdb => "quorum_no_pdb",
+            Reason::QuorumSeveralPdbs => "quorum_several_pdbs",
+            Reason::NodeNameImmutable => "node_name_immutable",
+            Reason::LookupUnavailable => "lookup_unavailable",
+            Reason::Malformed => "malformed",
+            Reason::UnexpectedResource => "unexpected_resource",
+        }
+    }
+}
+
+/// The answer to one review.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// Status code reported to the API server's client: 200, 403 or 400.
+    pub code: u16,
+    pub message: String,
+    pub reason: Reason,
+    /// The object's name (generateName prefix when the name is not set yet).
+    pub object: String,
+    /// spec.nodeName of the object under review, when it could be read.
+    pub node: Option<String>,
+}
+
+impl Decision {
+    fn allow(reason: Reason) -> Self {
+        Decision {
+            allowed: true,
+            code: 200,
+            message: String::new(),
+            reason,
+            object: String::new(),
+            node: None,
+        }
+    }
+
+    fn deny(reason: Reason, message: String) -> Self {
+        Decision {
+            allowed: false,
+            code: 403,
+            message,
+            reason,
+            object: String::new(),
+            node: None,
+        }
+    }
+
+    /// A well-formed denial for input the webhook cannot read (status 400, as
+    /// controller-runtime's `admission.Errored(400, ...)`).
+    pub fn malformed(reason: Reason, message: String) -> Self {
+        Decision {
+            allowed: false,
+            code: 400,
+            message,
+            reason,
+            object: String::new(),
+            node: None,
+        }
+    }
+
+    fn about(mut self, nm: &NodeMaintenance) -> Self {
+        self.object = nm
+            .metadata
+            .name
+            .clone()
+            .or_else(|| nm.metadata.generate_name.clone())
+            .unwrap_or_default();
+        self.node = Some(nm.spec.node_name.clone());
+        self
+    }
+}
+
+/// Decide on one admission request.
+pub fn decide(req: &ReviewRequest, lookups: &dyn Lookups) -> Decision {
+    if req.kind.group != GROUP || req.kind.kind != KIND {
+        return Decision::malformed(
+            Reason::UnexpectedResource,
+            format!(
+                "this webhook validates {GROUP} {KIND} objects only, got group {:?} kind {:?}; \
+                 fix the rules of the ValidatingWebhookConfiguration that sent it",
+                req.kind.group, req.kind.kind
+            ),
+        );
+    }
+    let mut decision = match req.operation {
+        Operation::Create => match decode_object(req, "object", req.object.as_deref()) {
+            Ok(nm) => validate_create(&nm, lookups).about(&nm),
+            Err(d) => d,
+        },
+        Operation::Update => {
+            let new = decode_object(req, "object", req.object.as_deref());
+            let old = decode_object(req, "oldObject", req.old_object.as_deref());
+            match (new, old) {
+                (Ok(new), Ok(old)) => validate_update(&new, &old).about(&new),
+                (Err(d), _) | (_, Err(d)) => d,
+            }
+        }
+        Operation::Delete | Operation::Connect | Operation::Other(_) => {
+            Decision::allow(Reason::NotValidated)
+        }
+    };
+    if decision.object.is_empty() {
+        decision.object = req.name.clone();
+    }
+    decision
+}
+
+fn decode_object(
+    req: &ReviewRequest,
+    field: &str,
+    raw: Option<&serde_json::value::RawValue>,
+) -> Result<NodeMaintenance, Decision> {
+    let Some(raw) = raw else {
+        return Err(Decision::malformed(
+            Reason::Malformed,
+            format!(
+                "the {} review of NodeMaintenance {:?} has no request.{field}",
+                req.operation.as_str(),
+                req.name
+            ),
+        ));
+    };
+    serde_json::from_str(raw.get()).map_err(|e| {
+        Decision::malformed(
+            Reason::Malformed,
+            format!(
+                "cannot read request.{field} of the {} review of NodeMaintenance {:?} as a \
+                 {GROUP} {KIND}: {e}",
+                req.operation.as_str(),
+                req.name
+            ),
+        )
+    })
+}
+
+fn validate_create(nm: &NodeMaintenance, lookups: &dyn Lookups) -> Decision {
+    let node = nm.spec.node_name.as_str();
+
+    let facts = match lookups.node(node) {
+        Ok(Some(facts)) => facts,
+        Ok(None) => return Decision::deny(Reason::NodeNotFound, msg_node_not_found(node)),
+        Err(cause) => {
+            return try_again("could not get node for validating spec.NodeName", &cause);
+        }
+    };
+
+    match lookups.maintenance_exists_for(node) {
+        Ok(false) => {}
+        Ok(true) => return Decision::deny(Reason::Duplicate, msg_duplicate(node)),
+        Err(cause) => {
+            return try_again(
+                "could not list NodeMaintenances for validating spec.NodeName",
+                &cause,
+            );
+        }
+    }
+
+    match lookups.is_openshift() {
+        Ok(true) => {}
+        Ok(false) => return Decision::allow(Reason::Valid),
+        Err(cause) => {
+            return try_again(
+                "could not tell whether the cluster is OpenShift for master/control-plane quorum validation",
+                &cause,
+            );
+        }
+    }
+    if !facts.control_plane {
+        return Decision::allow(Reason::Valid);
+    }
+    let guard = match lookups.etcd_guard(node) {
+        Ok(guard) => guard,
+        Err(cause) => {
+            return try_again(
+                "could not get PodDisruptionBudget for master/control-plane quorum validation",
+                &cause,
+            );
+        }
+    };
+    match allows_disruption(&guard.pdbs, guard.guard_pod) {
+        QuorumVerdict::DisruptionsAllowed => Decision::allow(Reason::QuorumDisruptionAllowed),
+        QuorumVerdict::AlreadyDisrupted => Decision::allow(Reason::QuorumAlreadyDisrupted),
+        QuorumVerdict::NoGuardPod => Decision::allow(Reason::QuorumNoGuardPod),
+        QuorumVerdict::NoPdb => Decision::deny(Reason::QuorumNoPdb, msg_etcd_quorum(node)),
+        QuorumVerdict::SeveralPdbs(_) => {
+            Decision::deny(Reason::QuorumSeveralPdbs, msg_etcd_quorum(node))
+        }
+        QuorumVerdict::WouldViolateQuorum => {
+            Decision::deny(Reason::QuorumViolation, msg_etcd_quorum(node))
+        }
+    }
+}
+
+fn validate_update(new: &NodeMaintenance, old: &NodeMaintenance) -> Decision {
+    if new.spec.node_name != old.spec.node_name {
+        return Decision::deny(
+            Reason::NodeNameImmutable,
+            MSG_NODE_NAME_IMMUTABLE.to_string(),
+        );
+    }
+    Decision::allow(Reason::NodeNameUnchanged)
+}
+
+/// Upstream's wording for a failed lookup: what could not be checked, "please
+/// try again", and the cause.
+fn try_again(what: &str, cause: &Unavailable) -> Decision {
+    Decision::deny(
+        Reason::LookupUnavailable,
+        format!("{what}, please try again: {cause}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::review::decode;
+    use crate::review::tests::create_review;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    /// In-memory lookups; `None` fields mean "cache not ready".
+    #[derive(Default)]
+    struct Fake {
+        nodes: Option<BTreeMap<String, NodeFacts>>,
+        maintained: Option<BTreeSet<String>>,
+        openshift: Option<bool>,
+        guard: Option<EtcdGuard>,
+    }
+
+    impl Fake {
+        fn cluster() -> Self {
+            Fake {
+                nodes: Some(
+                    [
+                        (
+                            "cp-1".to_string(),
+                            NodeFacts {
+                                control_plane: true,
+                            },
+                        ),
+                        (
+                            "worker-1".to_string(),
+                            NodeFacts {
+                                control_plane: false,
+                            },
+                        ),
+                    ]
+                    .into(),
+                ),
+                maintained: Some(BTreeSet::new()),
+                openshift: Some(false),
+                guard: None,
+            }
+        }
+        fn openshift(mut self, pdbs: &[i32], guard_pod: Option<GuardPodReadiness>) -> Self {
+            self.openshift = Some(true);
+            self.guard = Some(EtcdGuard {
+                pdbs: pdbs
+                    .iter()
+                    .map(|&a| GuardPdb {
+                        name: "etcd-guard-pdb".into(),
+                        disruptions_allowed: a,
+                    })
+                    .collect(),
+                guard_pod,
+            });
+            self
+        }
+    }
+
+    impl Lookups for Fake {
+        fn node(&self, name: &str) -> Result<Option<NodeFacts>, Unavailable> {
+            let nodes = self
+                .nodes
+                .as_ref()
+                .ok_or_else(|| Unavailable("node cache not synced".into()))?;
+            Ok(nodes.get(name).copied())
+        }
+        fn maintenance_exists_for(&self, node: &str) -> Result<bool, Unavailable> {
+            let m = self
+                .maintained
+                .as_ref()
+                .ok_or_else(|| Unavailable("NodeMaintenance cache not synced".into()))?;
+            Ok(m.contains(node))
+        }
+        fn is_openshift(&self) -> Result<bool, Unavailable> {
+            self.openshift
+                .ok_or_else(|| Unavailable("discovery pending".into()))
+        }
+        fn etcd_guard(&self, _node: &str) -> Result<EtcdGuard, Unavailable> {
+            self.guard
+                .clone()
+                .ok_or_else(|| Unavailable("etcd caches not synced".into()))
+        }
+    }
+
+    fn create(node: &str, lookups: &dyn Lookups) -> Decision {
+        let req = decode(create_review("uid-1", "nm-1", node).as_bytes()).expect("valid review");
+        decide(&req, lookups)
+    }
+
+    fn update(old_node: &str, new_node: &str, new_reason: &str) -> Decision {
+        let body = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "uid-2", "name": "nm-1", "operation": "UPDATE",
+                "kind": {"group": GROUP, "version": "v1beta1", "kind": KIND},
+                "userInfo": {"username": "alice"},
+                "object": {"metadata": {"name": "nm-1"}, "spec": {"nodeName": new_node, "reason": new_reason}},
+                "oldObject": {"metadata": {"name": "nm-1"}, "spec": {"nodeName": old_node, "reason": "before"}},
+            }
+        });
+        let req = decode(body.to_string().as_bytes()).expect("valid review");
+        decide(&req, &Fake::cluster())
+    }
+
+    fn assert_denied(d: &Decision, reason: Reason, message: &str) {
+        assert!(!d.allowed, "{d:?}");
+        assert_eq!(d.reason, reason, "{d:?}");
+        assert_eq!(d.message, message);
+        assert_eq!(d.code, 403);
+    }
+
+    fn assert_allowed(d: &Decision, reason: Reason) {
+        assert!(d.allowed, "{d:?}");
+        assert_eq!(d.reason, reason, "{d:?}");
+        assert_eq!(d.code, 200);
+    }
+
+    #[test]
+    fn create_on_existing_free_node_is_allowed() {
+        let d = create("worker-1", &Fake::cluster());
+        assert_allowed(&d, Reason::Valid);
+        assert_eq!(d.object, "nm-1");
+        assert_eq!(d.node.as_deref(), Some("worker-1"));
+    }
+
+    #[test]
+    fn unknown_node_is_denied_with_upstream_message() {
+        let d = create("ghost", &Fake::cluster());
+        assert_denied(
+            &d,
+            Reason::NodeNotFound,
+            "invalid nodeName, no node with name ghost found",
+        );
+    }
+
+    #[test]
+    fn duplicate_is_denied_with_upstream_message() {
+        let mut f = Fake::cluster();
+        f.maintained = Some(["worker-1".to_string()].into());
+        let d = create("worker-1", &f);
+        assert_denied(
+            &d,
+            Reason::Duplicate,
+            "invalid nodeName, a NodeMaintenance for node worker-1 already exists",
+        );
+    }
+
+    #[test]
+    fn node_check_comes_before_duplicate_check() {
+        let mut f = Fake::cluster();
+        f.maintained = Some(["ghost".to_string()].into());
+        assert_eq!(create("ghost", &f).reason, Reason::NodeNotFound);
+    }
+
+    #[test]
+    fn duplicate_check_comes_before_quorum() {
+        let mut f = Fake::cluster().openshift(&[0], Some(GuardPodReadiness::Ready));
+        f.maintained = Some(["cp-1".to_string()].into());
+        assert_eq!(create("cp-1", &f).reason, Reason::Duplicate);
+    }
+
+    #[test]
+    fn control_plane_node_outside_openshift_is_allowed() {
+        assert_allowed(&create("cp-1", &Fake::cluster()), Reason::Valid);
+    }
+
+    #[test]
+    fn worker_on_openshift_skips_quorum() {
+        // Even with no PDB at all (which denies control-plane nodes).
+        let f = Fake::cluster().openshift(&[], None);
+        assert_allowed(&create("worker-1", &f), Reason::Valid);
+    }
+
+    const QUORUM_MSG: &str = "can not put master/control-plane node into maintenance at this moment, disrupting node cp-1 will violate etcd quorum";
+
+    #[test]
+    fn quorum_no_pdb_denies() {
+        let f = Fake::cluster().openshift(&[], Some(GuardPodReadiness::NotReady));
+        assert_denied(&create("cp-1", &f), Reason::QuorumNoPdb, QUORUM_MSG);
+    }
+
+    #[test]
+    fn quorum_two_pdbs_deny() {
+        let f = Fake::cluster().openshift(&[1, 1], None);
+        assert_denied(&create("cp-1", &f), Reason::QuorumSeveralPdbs, QUORUM_MSG);
+    }
+
+    #[test]
+    fn quorum_disruptions_allowed_allows() {
+        let f = Fake::cluster().openshift(&[1], Some(GuardPodReadiness::Ready));
+        assert_allowed(&create("cp-1", &f), Reason::QuorumDisruptionAllowed);
+    }
+
+    #[test]
+    fn quorum_ready_guard_denies() {
+        let f = Fake::cluster().openshift(&[0], Some(GuardPodReadiness::Ready));
+        assert_denied(&create("cp-1", &f), Reason::QuorumViolation, QUORUM_MSG);
+    }
+
+    #[test]
+    fn quorum_unknown_guard_denies() {
+        let f = Fake::cluster().openshift(&[0], Some(GuardPodReadiness::Unknown));
+        assert_denied(&create("cp-1", &f), Reason::QuorumViolation, QUORUM_MSG);
+    }
+
+    #[test]
+    fn quorum_not_ready_guard_allows() {
+        let f = Fake::cluster().openshift(&[0], Some(GuardPodReadiness::NotReady));
+        assert_allowed(&create("cp-1", &f), Reason::QuorumAlreadyDisrupted);
+    }
+
+    #[test]
+    fn quorum_absent_guard_allows() {
+        let f = Fake::cluster().openshift(&[0], None);
+        assert_allowed(&create("cp-1", &f), Reason::QuorumNoGuardPod);
+    }
+
+    #[test]
+    fn unsynced_caches_deny_with_please_try_again() {
+        let mut f = Fake::cluster();
+        f.nodes = None;
+        let d = create("worker-1", &f);
+        assert_denied(
+            &d,
+            Reason::LookupUnavailable,
+            "could not get node for validating spec.NodeName, please try again: node cache not synced",
+        );
+
+        let mut f = Fake::cluster();
+        f.maintained = None;
+        let d = create("worker-1", &f);
+        assert_eq!(d.reason, Reason::LookupUnavailable);
+        assert!(
+            d.message
+                .contains("please try again: NodeMaintenance cache not synced"),
+            "{d:?}"
+        );
+
+        let mut f = Fake::cluster();
+        f.openshift = None;
+        let d = create("worker-1", &f);
+        assert_eq!(d.reason, Reason::LookupUnavailable);
+        assert!(
+            d.message.contains("please try again: discovery pending"),
+            "{d:?}"
+        );
+
+        let mut f = Fake::cluster();
+        f.openshift = Some(true);
+        let d = create("cp-1", &f);
+        assert_eq!(d.reason, Reason::LookupUnavailable);
+        assert!(
+            d.message.starts_with("could not get PodDisruptionBudget for master/control-plane quorum validation, please try again"),
+            "{d:?}"
+        );
+        // ... but a worker on OpenShift does not need the etcd caches.
+        assert_allowed(&create("worker-1", &f), Reason::Valid);
+    }
+
+    #[test]
+    fn update_changing_node_name_is_denied() {
+        let d = update("worker-1", "worker-2", "before");
+        assert_denied(
+            &d,
+            Reason::NodeNameImmutable,
+            "updating spec.NodeName isn't allowed",
+        );
+        assert_eq!(d.node.as_deref(), Some("worker-2"));
+    }
+
+    #[test]
+    fn update_changing_reason_is_allowed() {
+        assert_allowed(
+            &update("worker-1", "worker-1", "after"),
+            Reason::NodeNameUnchanged,
+        );
+    }
+
+    fn review_with(
+        op: &str,
+        object: serde_json::Value,
+        old: serde_json::Value,
+        kind: &str,
+    ) -> Decision {
+        let body = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "uid-3", "name": "nm-x", "operation": op,
+                "kind": {"group": if kind == KIND { GROUP } else { "" }, "version": "v1", "kind": kind},
+                "userInfo": {"username": "bob"},
+                "object": object, "oldObject": old,
+            }
+        });
+        decide(
+            &decode(body.to_string().as_bytes()).expect("valid"),
+            &Fake::cluster(),
+        )
+    }
+
+    #[test]
+    fn delete_and_connect_are_not_validated() {
+        let null = serde_json::Value::Null;
+        for op in ["DELETE", "CONNECT", "SOMETHING"] {
+            let d = review_with(op, null.clone(), null.clone(), KIND);
+            assert_allowed(&d, Reason::NotValidated);
+            assert_eq!(d.object, "nm-x");
+        }
+    }
+
+    #[test]
+    fn unreadable_objects_get_a_400_denial() {
+        let null = serde_json::Value::Null;
+        let d = review_with("CREATE", null.clone(), null.clone(), KIND);
+        assert!(!d.allowed);
+        assert_eq!((d.code, d.reason), (400, Reason::Malformed));
+        assert!(d.message.contains("has no request.object"), "{d:?}");
+
+        let d = review_with(
+            "CREATE",
+            serde_json::json!({"spec": {"nodeName": 5}}),
+            null.clone(),
+            KIND,
+        );
+        assert_eq!((d.code, d.reason), (400, Reason::Malformed));
+        assert!(d.message.contains("cannot read request.object"), "{d:?}");
+
+        let ok =
+            serde_json::json!({"metadata": {"name": "nm-x"}, "spec": {"nodeName": "worker-1"}});
+        let d = review_with("UPDATE", ok, null, KIND);
+        assert_eq!((d.code, d.reason), (400, Reason::Malformed));
+        assert!(d.message.contains("request.oldObject"), "{d:?}");
+    }
+
+    #[test]
+    fn other_resources_are_refused() {
+        let d = review_with(
+            "CREATE",
+            serde_json::json!({}),
+            serde_json::Value::Null,
+            "Pod",
+        );
+        assert!(!d.allowed);
+        assert_eq!((d.code, d.reason), (400, Reason::UnexpectedResource));
+    }
+}
