@@ -130,6 +130,7 @@ async fn evict_one(client: Client, pod: Pod) -> (PodReference, PodOutcome) {
         return (r, PodOutcome::Terminating(since));
     }
     let api: Api<Pod> = Api::namespaced(client, &r.namespace);
+    tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), "requesting eviction");
     // No delete options: each pod's own grace period applies, as upstream.
     let outcome = match api.evict(&r.name, &EvictParams::default()).await {
         Ok(_) => PodOutcome::Evicted,
@@ -139,6 +140,7 @@ async fn evict_one(client: Client, pod: Pod) -> (PodReference, PodOutcome) {
         }
         Err(e) => PodOutcome::Failed(api_message(&e)),
     };
+    tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), outcome = ?outcome, "eviction answered");
     (r, outcome)
 }
 

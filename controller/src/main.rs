@@ -97,9 +97,16 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         servers.push(tokio::spawn(fut));
     }
 
-    let client = Client::try_default().await.context(
-        "building the Kubernetes client (in-cluster config or KUBECONFIG); check the service account or kubeconfig",
+    let mut kube_config = kube::Config::infer().await.context(
+        "loading the Kubernetes client configuration (in-cluster or KUBECONFIG); check the service account or kubeconfig",
     )?;
+    let client = Client::try_from(kube_config.clone()).context("building the Kubernetes client")?;
+    // Evictions get a client that does not retry 429 by itself: for the Eviction
+    // API a 429 is the answer ("a PodDisruptionBudget says not now"), and the
+    // drain must record it and move on, not sit in a multi-minute backoff.
+    kube_config.default_retry = false;
+    let evict_client =
+        Client::try_from(kube_config).context("building the Kubernetes client for evictions")?;
 
     {
         let s = shutdown.clone();
@@ -173,6 +180,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
 
     let ctx = Arc::new(Ctx {
         client: client.clone(),
+        evict_client,
         store: store.clone(),
         events: events::Events::new(client.clone(), instance_name()),
         metrics,

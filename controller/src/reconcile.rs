@@ -61,6 +61,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// A write refused because our copy of the object was outdated (HTTP 409).
+    pub fn is_conflict(&self) -> bool {
+        let api_code = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 409);
+        match self {
+            Error::NodeMaintenance { source, .. } => api_code(source),
+            Error::Finalizer(f) => match f.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.is_conflict(),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
     /// Label for the error metric and logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -75,6 +89,8 @@ impl Error {
 
 pub struct Ctx {
     pub client: Client,
+    /// Same credentials, without the client's own 429 retries (see main).
+    pub evict_client: Client,
     pub store: Store<NodeMaintenance>,
     pub events: Events,
     pub metrics: Metrics,
@@ -109,6 +125,11 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
 }
 
 pub fn error_policy(nm: Arc<NodeMaintenance>, err: &Error, _ctx: Arc<Ctx>) -> Action {
+    if err.is_conflict() {
+        // Our cache was behind the object: retry as soon as it has caught up.
+        tracing::debug!(nodemaintenance = %nm.name_any(), "stale NodeMaintenance in cache; retrying");
+        return Action::requeue(Duration::from_millis(200));
+    }
     tracing::warn!(
         nodemaintenance = %nm.name_any(), node = %nm.spec.node_name,
         error = %err, kind = err.kind(), "reconcile failed; retrying"
@@ -121,10 +142,14 @@ fn status_of(nm: &NodeMaintenance) -> NodeMaintenanceStatus {
 }
 
 /// Write `new` as the status if it differs from what the object has (lastUpdate aside).
-/// Cleared fields are sent as null so a merge patch really removes them.
+/// Cleared fields are sent as null so a merge patch really removes them. The
+/// patch carries the resourceVersion we read: if the cache handed us a stale
+/// object the API server answers 409 and we come back, instead of writing
+/// bookkeeping computed from old state. Events of the contract are tied to the
+/// phase transitions written here, so a retried reconcile never repeats them.
 async fn write_status(
     ctx: &Ctx,
-    nm: &NodeMaintenance,
+    nm: &mut NodeMaintenance,
     mut new: NodeMaintenanceStatus,
 ) -> Result<(), Error> {
     let old = status_of(nm);
@@ -151,14 +176,28 @@ async fn write_status(
         }
     }
     let name = nm.name_any();
-    Api::<NodeMaintenance>::all(ctx.client.clone())
+    let updated = Api::<NodeMaintenance>::all(ctx.client.clone())
         .patch_status(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(json!({ "status": body })),
+            &Patch::Merge(json!({
+                "metadata": {"resourceVersion": nm.metadata.resource_version},
+                "status": body
+            })),
         )
         .await
         .map_err(|source| Error::NodeMaintenance { name, source })?;
+    *nm = updated;
+    if old.phase.is_none() && new.phase.is_some() {
+        ctx.events.on(nm, EVENT_BEGIN_MAINTENANCE).await;
+    }
+    if old.phase != new.phase {
+        match new.phase {
+            Some(MaintenancePhase::Succeeded) => ctx.events.on(nm, EVENT_SUCCEED_MAINTENANCE).await,
+            Some(MaintenancePhase::Failed) => ctx.events.on(nm, EVENT_FAILED_MAINTENANCE).await,
+            _ => {}
+        }
+    }
     if let Some(phase) = &new.phase {
         ctx.metrics.observe(
             &nm.name_any(),
@@ -190,16 +229,17 @@ fn slot_entries(store: &Store<NodeMaintenance>) -> Vec<slots::Entry> {
         .collect()
 }
 
-async fn fail(ctx: &Ctx, nm: &NodeMaintenance, message: String) -> Result<Action, Error> {
+async fn fail(ctx: &Ctx, nm: &mut NodeMaintenance, message: String) -> Result<Action, Error> {
     let mut st = status_of(nm);
     st.phase = Some(MaintenancePhase::Failed);
     st.last_error = message;
     write_status(ctx, nm, st).await?;
-    ctx.events.on(nm, EVENT_FAILED_MAINTENANCE).await;
     Ok(Action::await_change())
 }
 
 async fn apply(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Action, Error> {
+    let mut nm = nm.clone();
+    let nm = &mut nm;
     let name = nm.name_any();
     let node_name = nm.spec.node_name.clone();
     let status = status_of(nm);
@@ -238,9 +278,6 @@ async fn apply(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Action, Error> {
             holders,
             max,
         } => {
-            if status.phase.is_none() {
-                ctx.events.on(nm, EVENT_BEGIN_MAINTENANCE).await;
-            }
             let mut st = status.clone();
             st.phase = Some(MaintenancePhase::Pending);
             st.last_error = slots::wait_message(position, &holders, max);
@@ -248,10 +285,6 @@ async fn apply(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Action, Error> {
             return Ok(Action::requeue(REQUEUE_PENDING));
         }
     }
-    if status.phase.is_none() {
-        ctx.events.on(nm, EVENT_BEGIN_MAINTENANCE).await;
-    }
-
     match apply_admitted(nm, ctx, status.clone()).await {
         Ok(action) => Ok(action),
         Err(e) => {
@@ -267,7 +300,7 @@ async fn apply(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Action, Error> {
 }
 
 async fn apply_admitted(
-    nm: &NodeMaintenance,
+    nm: &mut NodeMaintenance,
     ctx: &Ctx,
     mut st: NodeMaintenanceStatus,
 ) -> Result<Action, Error> {
@@ -339,7 +372,7 @@ async fn apply_admitted(
     // One drain round.
     let pods = drain::list_node_pods(&ctx.client, &node_name).await?;
     let outcomes = drain::evict_all(
-        &ctx.client,
+        &ctx.evict_client,
         pods.must_leave.clone(),
         ctx.max_concurrent_evictions,
     )
@@ -375,7 +408,6 @@ async fn apply_admitted(
         write_status(ctx, nm, st).await?;
         if newly {
             tracing::info!(nodemaintenance = %name, node = %node_name, "node drained: maintenance succeeded");
-            ctx.events.on(nm, EVENT_SUCCEED_MAINTENANCE).await;
         }
         return Ok(Action::requeue(REQUEUE_HOLD));
     }
@@ -394,7 +426,11 @@ async fn apply_admitted(
     Ok(Action::requeue(requeue))
 }
 
-async fn ensure_owner_reference(ctx: &Ctx, nm: &NodeMaintenance, node: &Node) -> Result<(), Error> {
+async fn ensure_owner_reference(
+    ctx: &Ctx,
+    nm: &mut NodeMaintenance,
+    node: &Node,
+) -> Result<(), Error> {
     let uid = node.metadata.uid.clone().unwrap_or_default();
     let mut refs = nm.metadata.owner_references.clone().unwrap_or_default();
     if refs.iter().any(|r| r.kind == "Node" && r.uid == uid) {
@@ -414,10 +450,13 @@ async fn ensure_owner_reference(ctx: &Ctx, nm: &NodeMaintenance, node: &Node) ->
         .patch(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"ownerReferences": refs}})),
+            &Patch::Merge(json!({"metadata": {
+                "ownerReferences": refs,
+                "resourceVersion": nm.metadata.resource_version
+            }})),
         )
         .await
-        .map(|_| ())
+        .map(|updated| *nm = updated)
         .map_err(|source| Error::NodeMaintenance { name, source })
 }
 
@@ -456,6 +495,16 @@ async fn restore_node(ctx: &Ctx, node: &Node) -> Result<(), Error> {
 async fn cleanup(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Action, Error> {
     let name = nm.name_any();
     let node_name = nm.spec.node_name.clone();
+    // The cache can hand us an object whose cleanup already finished (our own
+    // node patch re-queues it): check the live object so events are not doubled.
+    match Api::<NodeMaintenance>::all(ctx.client.clone())
+        .get_opt(&name)
+        .await
+    {
+        Ok(Some(live)) if live.finalizers().iter().any(|f| f == FINALIZER) => {}
+        Ok(_) => return Ok(Action::await_change()),
+        Err(source) => return Err(Error::NodeMaintenance { name, source }),
+    }
     // Only an admitted maintenance touched the node; Pending, duplicate and
     // failed ones (already restored) leave it alone.
     let touched = matches!(

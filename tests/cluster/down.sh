@@ -19,7 +19,7 @@ fi
 
 stop_all
 
-left="$(stray_pids)"
+left="$(for c in "${COMPONENTS[@]}"; do stray_pids "$c"; done)"
 [ -z "$left" ] || die "component processes still alive after KILL: $left"
 
 if [ -d "$CLUSTER_DIR" ]; then

@@ -80,39 +80,42 @@ is_ours() {
   [[ "$cmd" == *"$CLUSTER_DIR/"* ]]
 }
 
-# stray_pids: processes of our components whose pid file is gone (e.g. .cluster/
-# was half-deleted). Found by their own binary name plus the unique state path
-# in their command line, never by name alone.
+# stray_pids COMPONENT: processes of that component whose pid file is gone (e.g.
+# .cluster/pids was deleted). Found by their own binary name plus the unique state
+# path in their command line, never by name alone.
 stray_pids() {
-  local p exe
+  local p comm
   for p in /proc/[0-9]*; do
     p="${p#/proc/}"
-    exe="$(readlink "/proc/$p/exe" 2>/dev/null)" || continue
-    case "${exe##*/}" in
-      etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kwok)
-        is_ours "$p" && echo "$p" ;;
-    esac
+    # comm is the binary name cut to 15 characters; `read` keeps this fork-free
+    read -r comm 2>/dev/null <"/proc/$p/comm" || continue
+    [ "$comm" = "${1:0:15}" ] && is_ours "$p" && echo "$p"
   done
+  return 0
 }
 
 # stop_all: TERM every component (reverse start order), KILL what is still alive
 # after STOP_TIMEOUT seconds, and remove the pid files. Safe to run repeatedly.
 stop_all() {
-  local timeout="${STOP_TIMEOUT:-15}" c pid i pids=()
+  local timeout="${STOP_TIMEOUT:-15}" c pid i pids=() these
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
     c="${COMPONENTS[$i]}"
+    these=()
     if pid="$(pid_of "$c")"; then
       log "stopping $c (pid $pid)"
+      these+=("$pid")
+    fi
+    for pid in $(stray_pids "$c"); do
+      [ "${these[0]:-}" = "$pid" ] && continue
+      log "stopping $c (stray pid $pid, no pid file)"
+      these+=("$pid")
+    done
+    for pid in "${these[@]}"; do
       kill -TERM "$pid" 2>/dev/null || true
       pids+=("$pid")
       # let the clients go before the API server, and the API server before etcd
       for _ in $(seq 20); do is_ours "$pid" || break; sleep 0.1; done
-    fi
-  done
-  for pid in $(stray_pids); do
-    log "stopping stray component pid $pid ($(readlink "/proc/$pid/exe" 2>/dev/null || echo '?'))"
-    kill -TERM "$pid" 2>/dev/null || true
-    pids+=("$pid")
+    done
   done
   local deadline=$((SECONDS + timeout))
   for pid in "${pids[@]}"; do
@@ -216,7 +219,8 @@ wait_nodes_ready() {
   while :; do
     pending=()
     local rows
-    rows="$(kc get nodes "$@" -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.status.conditions[?(@.type=="Ready")].status}{" "}{.spec.taints[*].key}{"\n"}{end}' 2>/dev/null)" || rows=""
+    # all nodes, filtered here: `get nodes ONE-NAME` returns an object, not a List
+    rows="$(kc get nodes -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.status.conditions[?(@.type=="Ready")].status}{" "}{.spec.taints[*].key}{"\n"}{end}' 2>/dev/null)" || rows=""
     for n in "$@"; do
       local row
       row="$(grep -E "^$n " <<<"$rows" || true)"

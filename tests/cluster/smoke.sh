@@ -19,7 +19,7 @@ ns="nmo-smoke-$$"
 ok() { printf '[smoke] ok: %s\n' "$*"; }
 fail() { printf '[smoke] FAILED: %s\n' "$*" >&2; exit 1; }
 cleanup() {
-  kc uncordon worker-1 >/dev/null 2>&1 || true
+  [ -z "${node:-}" ] || kc uncordon "$node" >/dev/null 2>&1 || true
   kc delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
 }
 trap cleanup EXIT

@@ -154,13 +154,22 @@ EOF
 }
 
 # start_component NAME CMD...: detached from this script's session (setsid) and
-# immune to SIGHUP (nohup) so it outlives `make cluster-up`; fd 9 (our lock) is
-# closed so a daemon never holds the lock.
+# immune to SIGHUP (nohup) so it outlives `make cluster-up`. Every inherited
+# descriptor above 2 is closed first: our lock (fd 9) must not be held by a daemon,
+# and a caller's pipe (CI capturing output, make's jobserver) must not be kept open
+# by one, or whoever waits for EOF on it would hang. The subshell execs, so $! is
+# the component's own pid.
 start_component() {
   local name=$1; shift
   printf '%q ' "$@" >"$PIDS/$name.cmd"
   log "starting $name (log: $LOGS/$name.log)"
-  setsid nohup "$@" </dev/null >"$LOGS/$name.log" 2>&1 9>&- &
+  (
+    for fd in /proc/"$BASHPID"/fd/*; do
+      fd="${fd##*/}"
+      if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
+    done
+    exec setsid nohup "$@" </dev/null >"$LOGS/$name.log" 2>&1
+  ) &
   echo "$!" >"$PIDS/$name.pid"
 }
 
@@ -273,11 +282,13 @@ fresh_start() {
   # does not have (and log an error every few seconds); /healthz is always allowed.
   # The controller manager computes PDB status and runs ReplicaSets, DaemonSets,
   # node lifecycle (lifts the not-ready taint) and GC; leader election is pointless
-  # with one instance and only delays startup.
+  # with one instance and only delays startup. --node-monitor-period=1s (default 5s):
+  # a new kwok node loses its not-ready taint within a second, not five.
   start_component kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig="$PKI/kube-controller-manager.kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$KCM_PORT" \
     --leader-elect=false \
+    --node-monitor-period=1s \
     --service-account-private-key-file="$PKI/sa.key" \
     --root-ca-file="$PKI/ca.crt" \
     --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \

@@ -1,1 +1,74 @@
+//! Shared helpers for the integration tests: a client for the local control
+//! plane (`make cluster-up`), unique names, fixtures, waiting with a deadline,
+//! manifests applied as the cluster admin, and the operator's own processes
+//! run under their ServiceAccounts so RBAC is exercised for real.
 
+pub mod fixtures;
+pub mod manifests;
+pub mod process;
+pub mod wait;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::Context as _;
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+/// The admin kubeconfig written by `make cluster-up`.
+pub fn kubeconfig_path() -> PathBuf {
+    repo_root().join(".cluster/kubeconfig")
+}
+
+/// An admin client for the local control plane, or an error that says how to start it.
+pub async fn admin_client() -> anyhow::Result<Client> {
+    let path = kubeconfig_path();
+    let kc = Kubeconfig::read_from(&path).with_context(|| {
+        format!(
+            "no local control plane: {} is missing or unreadable; run `make cluster-up` first",
+            path.display()
+        )
+    })?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .context("loading the local kubeconfig")?;
+    Client::try_from(cfg).context("building a client for the local control plane")
+}
+
+/// A name unique to this test process and call: `<prefix>-<pid hex>-<n>`.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::SeqCst);
+    let salt: u16 = rand::random();
+    format!("{prefix}-{:x}{salt:04x}-{n}", std::process::id() & 0xffff)
+}
+
+/// The cluster's component logs, tail of each, for a failing test's output.
+pub fn component_log_tails(lines: usize) -> String {
+    let dir = repo_root().join(".cluster/logs");
+    let mut out = String::new();
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return format!("(no logs under {})", dir.display());
+    };
+    let mut paths: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    for p in paths {
+        if let Ok(text) = std::fs::read_to_string(&p) {
+            let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+            out.push_str(&format!("---- {} (last {lines} lines)\n", p.display()));
+            for l in tail.into_iter().rev() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}

@@ -44,7 +44,9 @@ pub fn tls_config(ca_pem: &[u8]) -> Result<Arc<ClientConfig>, ClientError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem) {
         let cert = cert.map_err(|e| ClientError::Ca(e.to_string()))?;
-        roots.add(cert).map_err(|e| ClientError::Ca(e.to_string()))?;
+        roots
+            .add(cert)
+            .map_err(|e| ClientError::Ca(e.to_string()))?;
     }
     let cfg = ClientConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
@@ -80,7 +82,11 @@ pub struct ReviewClient {
 }
 
 impl ReviewClient {
-    pub async fn connect(addr: SocketAddr, server_name: &str, tls: Arc<ClientConfig>) -> Result<Self, ClientError> {
+    pub async fn connect(
+        addr: SocketAddr,
+        server_name: &str,
+        tls: Arc<ClientConfig>,
+    ) -> Result<Self, ClientError> {
         let stream = connect_tls(addr, server_name, tls).await?;
         let peer_certificate = stream
             .get_ref()
@@ -100,7 +106,11 @@ impl ReviewClient {
     }
 
     /// POST a JSON body to `path`; returns status and body.
-    pub async fn post(&mut self, path: &str, body: impl Into<Bytes>) -> Result<(StatusCode, Bytes), ClientError> {
+    pub async fn post(
+        &mut self,
+        path: &str,
+        body: impl Into<Bytes>,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
         let req = Request::post(path)
             .header("host", "webhook")
             .header("content-type", "application/json")
@@ -108,14 +118,77 @@ impl ReviewClient {
         self.send(req).await
     }
 
+    /// A request with any method, path and content type (None: no header).
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: impl Into<Bytes>,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "webhook");
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        self.send(req.body(Full::new(body.into()))?).await
+    }
+
     /// Send any request (tests use it for malformed ones).
-    pub async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes), ClientError> {
+    pub async fn send(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
         self.sender.ready().await?;
         let resp = self.sender.send_request(req).await?;
         let status = resp.status();
         let body = resp.into_body().collect().await?.to_bytes();
         Ok((status, body))
     }
+}
+
+/// Write `raw` bytes over a fresh TLS connection and return whatever the server
+/// answers within `wait` (for requests a well-behaved HTTP client cannot send:
+/// lying lengths, stalled bodies). An empty string means no answer in time.
+pub async fn send_raw(
+    addr: SocketAddr,
+    server_name: &str,
+    tls: Arc<ClientConfig>,
+    raw: &[u8],
+    wait: std::time::Duration,
+) -> Result<String, ClientError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = connect_tls(addr, server_name, tls).await?;
+    // The server may answer and close before everything is written.
+    let _ = stream.write_all(raw).await;
+    let _ = stream.flush().await;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut got = Vec::new();
+    let read = async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    // The status line and headers are all the callers look at.
+                    if got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait, read).await;
+    Ok(String::from_utf8_lossy(&got).into_owned())
+}
+
+/// DER of the first certificate in a PEM string.
+pub fn pem_to_der(pem: &str) -> Option<Vec<u8>> {
+    CertificateDer::from_pem_slice(pem.as_bytes())
+        .ok()
+        .map(|c| c.as_ref().to_vec())
 }
 
 /// An AdmissionReview v1 CREATE request for a NodeMaintenance, as the API server sends it.
@@ -163,7 +236,9 @@ pub fn parse_response(body: &[u8]) -> Option<(String, bool, u16, String)> {
     Some((
         r.get("uid")?.as_str()?.to_string(),
         r.get("allowed")?.as_bool()?,
-        r.pointer("/status/code").and_then(|c| c.as_u64()).unwrap_or(0) as u16,
+        r.pointer("/status/code")
+            .and_then(|c| c.as_u64())
+            .unwrap_or(0) as u16,
         r.pointer("/status/message")
             .and_then(|m| m.as_str())
             .unwrap_or("")

@@ -5,6 +5,7 @@
 //! metrics on their own plain-HTTP ports, and graceful shutdown on SIGTERM/SIGINT.
 
 pub mod cache;
+pub mod client;
 pub mod config;
 pub mod etcd;
 pub mod metrics;

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Renders every kustomize variant under manifests/ with `kubectl kustomize` (the
+# same engine `kubectl apply -k` uses) and fails on the first error, then checks
+# a few facts of the contract in the output. With --server it also server-side
+# dry-runs the variants whose kinds a plain cluster knows (base, openshift)
+# against KUBECONFIG: nothing is changed on the cluster.
+#
+# Environment: KUBECTL (default: .cluster/bin/kubectl, else the cached build
+# under ~/.cache/nmo-rs/controlplane, else kubectl on PATH), KUBECONFIG (--server).
+# Usage: manifests/check.sh [--server]
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+server=false
+case "${1:-}" in
+    --server) server=true ;;
+    "") ;;
+    *) echo "usage: $0 [--server]" >&2; exit 2 ;;
+esac
+
+if [ -z "${KUBECTL:-}" ]; then
+    if [ -x "$repo/.cluster/bin/kubectl" ]; then
+        KUBECTL=$repo/.cluster/bin/kubectl
+    else
+        KUBECTL=
+        for k in "$HOME"/.cache/nmo-rs/controlplane/kubernetes-*/bin/kubectl; do
+            [ -x "$k" ] && KUBECTL=$k # glob order: the last is the newest version
+        done
+        [ -n "$KUBECTL" ] || KUBECTL=$(command -v kubectl || true)
+    fi
+fi
+if [ -z "$KUBECTL" ] || ! $KUBECTL version --client >/dev/null 2>&1; then
+    echo "check: no working kubectl (set KUBECTL)" >&2
+    exit 1
+fi
+
+fail() { echo "check: FAIL: $*" >&2; exit 1; }
+
+# kustomize loads files outside a kustomization root only through another
+# kustomization, so base needs one in each directory it includes.
+for d in crd controller webhook; do
+    [ -f "$here/$d/kustomization.yaml" ] ||
+        fail "manifests/$d/kustomization.yaml is missing: manifests/base includes ../$d (a kustomization listing the directory's YAML files)"
+done
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+variants=(base overlays/cert-manager overlays/openshift monitoring)
+for v in "${variants[@]}"; do
+    f="$out/${v//\//_}.yaml"
+    if ! $KUBECTL kustomize "$here/$v" >"$f" 2>"$f.err"; then
+        cat "$f.err" >&2
+        fail "kubectl kustomize manifests/$v"
+    fi
+    [ -s "$f" ] || fail "manifests/$v renders to nothing"
+    echo "ok   manifests/$v ($(grep -c '^kind:' "$f") objects)"
+done
+
+# has FILE REGEX WHAT: the rendered variant must contain REGEX.
+has() { grep -Eq -- "$2" "$1" || fail "$3"; }
+hasnt() { ! grep -Eq -- "$2" "$1" || fail "$3"; }
+b=$out/base.yaml cm=$out/overlays_cert-manager.yaml os=$out/overlays_openshift.yaml mon=$out/monitoring.yaml
+for f in "$b" "$cm" "$os"; do
+    n=$(basename "$f" .yaml)
+    has "$f" '^  name: nodemaintenances.nodemaintenance.medik8s.io$' "$n: the CRD is missing"
+    has "$f" 'path: /validate-nodemaintenance-medik8s-io-v1beta1-nodemaintenance$' "$n: webhook path differs from upstream's"
+    has "$f" '^  name: vnodemaintenance.kb.io$' "$n: webhook name differs from upstream's"
+    has "$f" 'failurePolicy: Fail$' "$n: failurePolicy is not Fail"
+    has "$f" '^  name: nmo-controller$' "$n: nmo-controller is missing"
+    has "$f" '^  name: nmo-webhook$' "$n: nmo-webhook is missing"
+    has "$f" 'secretName: nmo-webhook-cert$' "$n: webhook does not mount Secret nmo-webhook-cert"
+done
+hasnt "$b" 'caBundle:' "base: caBundle must stay empty in base"
+has "$cm" 'cert-manager.io/inject-ca-from: nmo-system/nmo-webhook-cert$' "cert-manager: CA injection annotation missing"
+has "$cm" '^kind: Certificate$' "cert-manager: Certificate missing"
+has "$os" 'service.beta.openshift.io/serving-cert-secret-name: nmo-webhook-cert$' "openshift: serving-cert annotation missing"
+has "$os" "service.beta.openshift.io/inject-cabundle: \"true\"$" "openshift: inject-cabundle annotation missing"
+hasnt "$os" 'runAsUser:' "openshift: a fixed runAsUser breaks the restricted-v2 SCC"
+for a in NodeMaintenanceFailed NodeMaintenanceStuck NodeMaintenanceWebhookDown WebhookCertificateExpiringSoon NodeMaintenanceReconcileErrors; do
+    has "$mon" "alert: $a$" "monitoring: alert $a missing"
+done
+has "$mon" 'grafana_dashboard: "1"$' "monitoring: dashboard ConfigMap label missing"
+if command -v python3 >/dev/null 2>&1; then
+    python3 -m json.tool "$here/monitoring/nmo-dashboard.json" >/dev/null || fail "monitoring/nmo-dashboard.json is not valid JSON"
+fi
+bash -n "$here/must-gather.sh" || fail "must-gather.sh has a syntax error"
+echo "ok   contract checks"
+
+if $server; then
+    [ -n "${KUBECONFIG:-}" ] || fail "--server needs KUBECONFIG"
+    for v in base overlays/openshift; do
+        if ! $KUBECTL apply -k "$here/$v" --dry-run=server >"$out/dry.out" 2>&1; then
+            cat "$out/dry.out" >&2
+            fail "server-side dry-run of manifests/$v"
+        fi
+        echo "ok   manifests/$v (server-side dry-run)"
+    done
+fi

@@ -1,0 +1,782 @@
+//! The controller against a real API server: each test gets its own kwok
+//! nodes, namespace and controller process (selecting only its own
+//! NodeMaintenances), running under the ServiceAccount and RBAC of manifests/.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use nmo_tests::fixtures::{GROUP_KEY, TestBed};
+use nmo_tests::process::{Running, service_account_kubeconfig};
+use nmo_tests::wait::{Poll, until};
+use serde_json::json;
+use shared::{MaintenancePhase, NodeMaintenance};
+
+const LONG: Duration = Duration::from_secs(60);
+
+struct Env {
+    bed: TestBed,
+    ctrl: Option<Running>,
+    kubeconfig: std::path::PathBuf,
+    max: usize,
+}
+
+impl Env {
+    async fn new(prefix: &str, max: usize) -> Env {
+        let client = nmo_tests::admin_client()
+            .await
+            .expect("local control plane");
+        nmo_tests::manifests::install_controller_prereqs(&client)
+            .await
+            .expect("CRD and RBAC installed");
+        let bed = TestBed::new(client.clone(), prefix)
+            .await
+            .expect("test namespace");
+        let dir = nmo_tests::repo_root().join(".cluster/test-logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        let kubeconfig = dir.join(format!("{}.kubeconfig", bed.group));
+        service_account_kubeconfig(&client, "nmo-system", "nmo-controller", &kubeconfig)
+            .await
+            .expect("controller kubeconfig");
+        let mut env = Env {
+            bed,
+            ctrl: None,
+            kubeconfig,
+            max,
+        };
+        env.start_controller();
+        env
+    }
+
+    fn start_controller(&mut self) {
+        let args: Vec<String> = [
+            "--metrics-bind-address=0",
+            "--health-probe-bind-address=0",
+            "--zap-level=debug",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            format!("--nodemaintenance-selector={GROUP_KEY}={}", self.bed.group),
+            format!("--max-concurrent-maintenances={}", self.max),
+        ])
+        .collect();
+        self.ctrl = Some(
+            Running::start("nmo-controller", &args, &self.kubeconfig, &[])
+                .expect("controller starts"),
+        );
+    }
+
+    /// A NodeMaintenance name unique to this test run.
+    fn n(&self, short: &str) -> String {
+        format!("{}-{short}", self.bed.group)
+    }
+
+    fn client(&self) -> Client {
+        self.bed.client.clone()
+    }
+
+    fn nms(&self) -> Api<NodeMaintenance> {
+        Api::all(self.client())
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client())
+    }
+
+    async fn create_nm(&self, name: &str, node: &str) -> NodeMaintenance {
+        let nm: NodeMaintenance = serde_json::from_value(json!({
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+            "kind": "NodeMaintenance",
+            "metadata": {"name": name, "labels": {GROUP_KEY: self.bed.group}},
+            "spec": {"nodeName": node, "reason": "integration test"}
+        }))
+        .expect("nm json");
+        self.nms()
+            .create(&PostParams::default(), &nm)
+            .await
+            .expect("NodeMaintenance created")
+    }
+
+    /// Wait until the NodeMaintenance satisfies `ok`, printing its status when it never does.
+    async fn wait_nm(
+        &self,
+        name: &str,
+        what: &str,
+        ok: impl Fn(&NodeMaintenance) -> bool,
+    ) -> NodeMaintenance {
+        let api = self.nms();
+        let res = until(what, LONG, || {
+            let api = api.clone();
+            let ok = &ok;
+            async move {
+                let nm = api.get(name).await?;
+                Ok(if ok(&nm) {
+                    Poll::Ready(nm)
+                } else {
+                    Poll::Pending(format!("status {}", serde_json::to_string(&nm.status)?))
+                })
+            }
+        })
+        .await;
+        match res {
+            Ok(nm) => nm,
+            Err(e) => panic!("{e:#}\n{}", nmo_tests::component_log_tails(10)),
+        }
+    }
+
+    async fn wait_phase(&self, name: &str, phase: MaintenancePhase) -> NodeMaintenance {
+        self.wait_nm(
+            name,
+            &format!("NodeMaintenance {name} phase {phase}"),
+            |nm| nm.phase() == Some(&phase),
+        )
+        .await
+    }
+
+    async fn wait_gone(&self, name: &str) {
+        let api = self.nms();
+        until(
+            &format!("NodeMaintenance {name} to be deleted"),
+            LONG,
+            || {
+                let api = api.clone();
+                async move {
+                    Ok(match api.get_opt(name).await? {
+                        None => Poll::Ready(()),
+                        Some(nm) => Poll::Pending(format!(
+                            "still there, finalizers {:?}, status {}",
+                            nm.finalizers(),
+                            serde_json::to_string(&nm.status)?
+                        )),
+                    })
+                }
+            },
+        )
+        .await
+        .expect("NodeMaintenance deleted");
+    }
+
+    async fn wait_pods<F>(&self, what: &str, ok: F)
+    where
+        F: Fn(&BTreeMap<String, Vec<k8s_openapi::api::core::v1::Pod>>) -> bool,
+    {
+        until(what, LONG, || {
+            let ok = &ok;
+            async move {
+                let by_node = self.bed.pods_by_node().await?;
+                Ok(if ok(&by_node) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending(describe_pods(&by_node))
+                })
+            }
+        })
+        .await
+        .expect("pods reach the expected placement");
+    }
+
+    async fn lease(&self, node: &str) -> Option<Lease> {
+        Api::<Lease>::namespaced(self.client(), "medik8s-leases")
+            .get_opt(&format!("node-{node}"))
+            .await
+            .expect("lease lookup")
+    }
+
+    async fn event_reasons(&self, name: &str) -> Vec<String> {
+        let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
+        Api::<Event>::namespaced(self.client(), "default")
+            .list(&lp)
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.source.as_ref().and_then(|s| s.component.as_deref()) == Some("NodeMaintenance")
+            })
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
+    async fn wait_event(&self, object: &str, reason: &str) {
+        until(
+            &format!("event {reason} on {object}"),
+            LONG,
+            || async move {
+                let seen = self.event_reasons(object).await;
+                Ok(if seen.iter().any(|r| r == reason) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending(format!("events {seen:?}"))
+                })
+            },
+        )
+        .await
+        .expect("event recorded");
+    }
+
+    async fn teardown(self) {
+        // Remove our NodeMaintenances while the controller still runs, then the rest.
+        let lp = ListParams::default().labels(&format!("{GROUP_KEY}={}", self.bed.group));
+        if let Ok(list) = self.nms().list(&lp).await {
+            for nm in list.items {
+                let _ = self
+                    .nms()
+                    .delete(&nm.name_any(), &DeleteParams::default())
+                    .await;
+            }
+        }
+        self.bed.teardown().await;
+    }
+}
+
+fn describe_pods(by_node: &BTreeMap<String, Vec<k8s_openapi::api::core::v1::Pod>>) -> String {
+    by_node
+        .iter()
+        .map(|(n, pods)| {
+            let names: Vec<String> = pods
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}({})",
+                        p.name_any(),
+                        p.status
+                            .as_ref()
+                            .and_then(|s| s.phase.clone())
+                            .unwrap_or_default()
+                    )
+                })
+                .collect();
+            format!(
+                "{}: [{}]",
+                if n.is_empty() { "<unscheduled>" } else { n },
+                names.join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn node_taint_keys(n: &Node) -> Vec<String> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| {
+            t.iter()
+                .map(|t| format!("{}:{}", t.key, t.effect))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn is_cordoned(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+fn running_on(
+    by_node: &BTreeMap<String, Vec<k8s_openapi::api::core::v1::Pod>>,
+    node: &str,
+    prefix: &str,
+) -> usize {
+    by_node
+        .get(node)
+        .map(|v| {
+            v.iter()
+                .filter(|p| {
+                    p.name_any().starts_with(prefix) && p.metadata.deletion_timestamp.is_none()
+                })
+                .filter(|p| nmo_tests::fixtures::is_ready(p))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_cycle_drains_the_node_and_restores_it_exactly() {
+    let env = Env::new("nm-full", 1).await;
+    let bed = &env.bed;
+    let target = bed
+        .node("target", false)
+        .await
+        .expect("target node")
+        .name_any();
+    let spare = bed
+        .node("spare", true)
+        .await
+        .expect("spare node")
+        .name_any();
+
+    // Someone else's taint and label, which must survive the whole cycle.
+    env.nodes()
+        .patch(
+            &target,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({
+                "metadata": {"labels": {"team": "storage"}},
+                "spec": {"taints": [
+                    {"key": GROUP_KEY, "value": bed.group, "effect": "NoSchedule"},
+                    {"key": "example.com/foreign", "value": "x", "effect": "PreferNoSchedule"}
+                ]}
+            })),
+        )
+        .await
+        .expect("foreign taint and label");
+    let before = env.nodes().get(&target).await.expect("node");
+
+    bed.deployment("web", 3).await.expect("deployment");
+    bed.daemonset("agent").await.expect("daemonset");
+    bed.bare_pod("bare", &target).await.expect("bare pod");
+    bed.emptydir_pod("scratch", &target)
+        .await
+        .expect("emptyDir pod");
+    bed.mirror_pod("static", &target).await.expect("mirror pod");
+    bed.completed_pod("done", &target)
+        .await
+        .expect("completed pod");
+    env.wait_pods("3 web pods and the agent Ready on the target", |m| {
+        running_on(m, &target, "web-") == 3 && running_on(m, &target, "agent-") == 1
+    })
+    .await;
+    // Let the spare take the evicted pods.
+    env.nodes()
+        .patch(
+            &spare,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .expect("uncordon spare");
+
+    env.create_nm(&env.n("a"), &target).await;
+    let nm = env
+        .wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
+    let st = nm.status.clone().expect("status");
+    assert_eq!(st.drain_progress, 100);
+    assert_eq!(
+        st.eviction_pods, 6,
+        "3 web + bare + emptyDir + completed: {st:?}"
+    );
+    assert_eq!(st.total_pods, 8, "6 + DaemonSet pod + mirror pod: {st:?}");
+    assert!(
+        st.pending_pods.is_empty() && st.pending_pods_refs.is_empty(),
+        "{st:?}"
+    );
+    let owner = nm.metadata.owner_references.clone().unwrap_or_default();
+    assert!(
+        owner
+            .iter()
+            .any(|o| o.kind == "Node" && o.name == target && o.controller == Some(false)),
+        "owner reference to the node: {owner:?}"
+    );
+
+    let during = env.nodes().get(&target).await.expect("node");
+    let taints = node_taint_keys(&during);
+    for t in [
+        "node.kubernetes.io/unschedulable:NoSchedule",
+        "medik8s.io/drain:NoSchedule",
+        "example.com/foreign:PreferNoSchedule",
+    ] {
+        assert!(taints.contains(&t.to_string()), "taint {t} in {taints:?}");
+    }
+    assert!(is_cordoned(&during));
+    let labels = during.labels();
+    assert_eq!(
+        labels
+            .get("remediation.medik8s.io/exclude-from-remediation")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(labels.get("team").map(String::as_str), Some("storage"));
+    let lease = env.lease(&target).await.expect("lease exists");
+    let spec = lease.spec.expect("lease spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("node-maintenance"));
+    assert_eq!(spec.lease_duration_seconds, Some(3600));
+
+    // DaemonSet and mirror pods stay; the rest went, web pods now run on the spare.
+    env.wait_pods("web pods rescheduled onto the spare only", |m| {
+        running_on(m, &spare, "web-") == 3
+    })
+    .await;
+    let by_node = bed.pods_by_node().await.expect("pods");
+    let left: Vec<String> = by_node
+        .get(&target)
+        .map(|v| v.iter().map(|p| p.name_any()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter().any(|n| n.starts_with("agent-")),
+        "DaemonSet pod stays: {left:?}"
+    );
+    assert!(
+        left.contains(&"static".to_string()),
+        "mirror pod stays: {left:?}"
+    );
+    assert_eq!(
+        left.len(),
+        2,
+        "only DaemonSet and mirror pods on the target: {left:?}"
+    );
+
+    env.wait_event(&env.n("a"), "BeginMaintenance").await;
+    env.wait_event(&env.n("a"), "SucceedMaintenance").await;
+
+    env.nms()
+        .delete(&env.n("a"), &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.wait_gone(&env.n("a")).await;
+    let after = env.nodes().get(&target).await.expect("node");
+    assert_eq!(
+        node_taint_keys(&after),
+        node_taint_keys(&before),
+        "taints restored exactly"
+    );
+    // kube-controller-manager adds beta.kubernetes.io/* labels to new nodes on
+    // its own; what matters is that every label from before is intact and ours is gone.
+    for (k, v) in before.labels() {
+        assert_eq!(
+            after.labels().get(k),
+            Some(v),
+            "label {k} survives the cycle"
+        );
+    }
+    assert!(
+        !after
+            .labels()
+            .contains_key("remediation.medik8s.io/exclude-from-remediation")
+    );
+    assert!(!is_cordoned(&after));
+    assert!(env.lease(&target).await.is_none(), "lease released");
+    env.wait_event(&target, "UncordonNode").await;
+    env.wait_event(&env.n("a"), "RemovedMaintenance").await;
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pdb_blocks_one_pod_others_go_and_lifting_it_completes() {
+    let mut env = Env::new("nm-pdb", 1).await;
+    let bed = &env.bed;
+    let target = bed.node("target", false).await.expect("node").name_any();
+    bed.node("spare", false).await.expect("spare");
+    bed.bare_pod("guarded", &target).await.expect("guarded pod");
+    bed.bare_pod("free", &target).await.expect("free pod");
+    bed.pdb("guard", "guarded", 1).await.expect("pdb");
+    // The PDB controller must have computed status before evictions are judged.
+    until("PDB status computed", LONG, || async {
+        let pdb = Api::<PodDisruptionBudget>::namespaced(env.client(), &env.bed.namespace)
+            .get("guard")
+            .await?;
+        let st = pdb.status.unwrap_or_default();
+        Ok(
+            if st.observed_generation.is_some() && st.expected_pods == 1 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!("{st:?}"))
+            },
+        )
+    })
+    .await
+    .expect("pdb status");
+
+    env.create_nm(&env.n("a"), &target).await;
+    let nm = env
+        .wait_nm(&env.n("a"), "free pod gone, guarded pod pending", |nm| {
+            nm.status.as_ref().is_some_and(|s| {
+                s.pending_pods == vec!["guarded".to_string()] && s.last_error.contains("guarded")
+            })
+        })
+        .await;
+    let st = nm.status.expect("status");
+    assert_eq!(st.phase, Some(MaintenancePhase::Running));
+    assert_eq!(st.eviction_pods, 2);
+    assert_eq!(st.drain_progress, 50);
+    assert!(
+        st.last_error.contains("disruption budget"),
+        "lastError says why: {}",
+        st.last_error
+    );
+    assert_eq!(st.pending_pods_refs[0].namespace, env.bed.namespace);
+
+    // A controller crash mid-drain: the next one resumes.
+    env.ctrl.as_mut().expect("controller").kill();
+    env.start_controller();
+
+    Api::<PodDisruptionBudget>::namespaced(env.client(), &env.bed.namespace)
+        .delete("guard", &DeleteParams::default())
+        .await
+        .expect("lift the PDB");
+    let nm = env
+        .wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
+    assert_eq!(
+        nm.status.expect("status").last_error,
+        "",
+        "cleared on success"
+    );
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_lease_waits_without_touching_the_node() {
+    let env = Env::new("nm-lease", 1).await;
+    let target = env
+        .bed
+        .node("target", false)
+        .await
+        .expect("node")
+        .name_any();
+    let leases: Api<Lease> = Api::namespaced(env.client(), "medik8s-leases");
+    nmo_tests::manifests::apply_yaml(
+        &env.client(),
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: medik8s-leases\n",
+    )
+    .await
+    .expect("lease namespace");
+    let now = serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    ))
+    .expect("micro time");
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": format!("node-{target}")},
+        "spec": {"holderIdentity": "self-node-remediation", "leaseDurationSeconds": 3600,
+                 "acquireTime": now, "renewTime": now}
+    }))
+    .expect("lease json");
+    leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("foreign lease");
+
+    env.create_nm(&env.n("a"), &target).await;
+    let nm = env
+        .wait_nm(&env.n("a"), "lease conflict reported", |nm| {
+            nm.status
+                .as_ref()
+                .is_some_and(|s| s.last_error.contains("held by different owner"))
+        })
+        .await;
+    let st = nm.status.expect("status");
+    assert_eq!(
+        st.last_error,
+        "can't update or invalidate the lease because it is held by different owner: self-node-remediation"
+    );
+    assert_eq!(
+        st.error_on_lease_count, 0,
+        "no error counted before the drain started"
+    );
+    let node = env.nodes().get(&target).await.expect("node");
+    assert!(
+        !is_cordoned(&node),
+        "node untouched while the lease is foreign"
+    );
+    assert!(
+        !node
+            .labels()
+            .contains_key("remediation.medik8s.io/exclude-from-remediation")
+    );
+
+    leases
+        .delete(&format!("node-{target}"), &DeleteParams::default())
+        .await
+        .expect("release");
+    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
+    let lease = env.lease(&target).await.expect("our lease now");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("node-maintenance")
+    );
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_lost_for_good_fails_and_restores_the_node() {
+    let env = Env::new("nm-lost", 1).await;
+    let target = env
+        .bed
+        .node("target", false)
+        .await
+        .expect("node")
+        .name_any();
+    env.create_nm(&env.n("a"), &target).await;
+    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
+
+    // Another operator takes the lease over (as if ours had lapsed).
+    let leases: Api<Lease> = Api::namespaced(env.client(), "medik8s-leases");
+    let now = serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    ))
+    .expect("micro time");
+    leases
+        .patch(
+            &format!("node-{target}"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"holderIdentity": "self-node-remediation",
+                "renewTime": now, "acquireTime": now}})),
+        )
+        .await
+        .expect("lease stolen");
+    // Node changes bring the controller back; each failed renewal counts.
+    let nm = env
+        .wait_nm(&env.n("a"), "maintenance failed on the lease", |nm| {
+            if nm.phase() != Some(&MaintenancePhase::Failed) {
+                let n = rand::random::<u32>().to_string();
+                let nodes = env.nodes();
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let _ = nodes
+                        .patch(
+                            &target,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"metadata": {"labels": {"nudge": n}}})),
+                        )
+                        .await;
+                });
+                return false;
+            }
+            true
+        })
+        .await;
+    let st = nm.status.expect("status");
+    assert_eq!(
+        st.last_error,
+        "maintenance failed: lease could not be extended after 4 attempts"
+    );
+    let node = env.nodes().get(&target).await.expect("node");
+    assert!(!is_cordoned(&node), "node given back");
+    assert!(
+        !node_taint_keys(&node)
+            .iter()
+            .any(|t| t.starts_with("medik8s.io/drain"))
+    );
+    assert!(
+        !node
+            .labels()
+            .contains_key("remediation.medik8s.io/exclude-from-remediation")
+    );
+    let lease = env.lease(&target).await.expect("foreign lease left alone");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("self-node-remediation")
+    );
+    env.wait_event(&env.n("a"), "FailedMaintenance").await;
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slot_second_waits_then_runs() {
+    let env = Env::new("nm-slot", 1).await;
+    let a = env.bed.node("a", false).await.expect("node").name_any();
+    let b = env.bed.node("b", false).await.expect("node").name_any();
+    env.create_nm(&env.n("a"), &a).await;
+    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
+    env.create_nm(&env.n("b"), &b).await;
+    let nm = env.wait_phase(&env.n("b"), MaintenancePhase::Pending).await;
+    let msg = nm.status.expect("status").last_error;
+    assert!(
+        msg.contains(&env.n("a")) && msg.contains("position 1"),
+        "{msg}"
+    );
+    assert!(
+        !is_cordoned(&env.nodes().get(&b).await.expect("node")),
+        "waiting node untouched"
+    );
+
+    env.nms()
+        .delete(&env.n("a"), &DeleteParams::default())
+        .await
+        .expect("delete a");
+    env.wait_phase(&env.n("b"), MaintenancePhase::Succeeded)
+        .await;
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_node_fails_without_retry_loop() {
+    let env = Env::new("nm-missing", 1).await;
+    let ghost = format!("{}-ghost", env.bed.group);
+    env.create_nm(&env.n("a"), &ghost).await;
+    let nm = env.wait_phase(&env.n("a"), MaintenancePhase::Failed).await;
+    assert_eq!(
+        nm.status.expect("status").last_error,
+        format!("nodes \"{ghost}\" not found")
+    );
+    env.wait_event(&env.n("a"), "FailedMaintenance").await;
+    env.nms()
+        .delete(&env.n("a"), &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.wait_gone(&env.n("a")).await;
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_for_same_node_fails_and_never_touches_it() {
+    let env = Env::new("nm-dup", 0).await;
+    let target = env
+        .bed
+        .node("target", false)
+        .await
+        .expect("node")
+        .name_any();
+    env.create_nm(&env.n("a"), &target).await;
+    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
+    env.create_nm(&env.n("b"), &target).await;
+    let nm = env.wait_phase(&env.n("b"), MaintenancePhase::Failed).await;
+    let msg = nm.status.expect("status").last_error;
+    assert!(
+        msg.contains(&env.n("a"))
+            && msg.contains(&format!("delete NodeMaintenance {}", env.n("b"))),
+        "{msg}"
+    );
+    env.nms()
+        .delete(&env.n("b"), &DeleteParams::default())
+        .await
+        .expect("delete b");
+    env.wait_gone(&env.n("b")).await;
+    let node = env.nodes().get(&target).await.expect("node");
+    assert!(
+        is_cordoned(&node),
+        "deleting the duplicate leaves the real maintenance in place"
+    );
+    assert!(env.lease(&target).await.is_some());
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_node_collects_the_maintenance_and_its_lease() {
+    let env = Env::new("nm-gc", 1).await;
+    let target = env
+        .bed
+        .node("target", false)
+        .await
+        .expect("node")
+        .name_any();
+    env.create_nm(&env.n("a"), &target).await;
+    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
+    env.nodes()
+        .delete(&target, &DeleteParams::default())
+        .await
+        .expect("delete node");
+    env.wait_gone(&env.n("a")).await;
+    until("lease removed", LONG, || async {
+        Ok(match env.lease(&target).await {
+            None => Poll::Ready(()),
+            Some(l) => Poll::Pending(format!("{:?}", l.spec)),
+        })
+    })
+    .await
+    .expect("lease gone");
+    env.teardown().await;
+}
