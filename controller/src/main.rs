@@ -19,7 +19,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, predicates, reflector, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use shared::NodeMaintenance;
 use shared::probes::{Readiness, bind_and_serve, metrics_router, probe_router};
 use shared::telemetry::{init_logging, parse_bind_address};
@@ -100,13 +100,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let mut kube_config = kube::Config::infer().await.context(
         "loading the Kubernetes client configuration (in-cluster or KUBECONFIG); check the service account or kubeconfig",
     )?;
-    let client = Client::try_from(kube_config.clone()).context("building the Kubernetes client")?;
+    let client = metrics.counted_client(kube_config.clone())?;
     // Evictions get a client that does not retry 429 by itself: for the Eviction
     // API a 429 is the answer ("a PodDisruptionBudget says not now"), and the
     // drain must record it and move on, not sit in a multi-minute backoff.
     kube_config.default_retry = false;
-    let evict_client =
-        Client::try_from(kube_config).context("building the Kubernetes client for evictions")?;
+    let evict_client = metrics.counted_client(kube_config)?;
 
     {
         let s = shutdown.clone();

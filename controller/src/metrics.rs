@@ -20,6 +20,7 @@ pub struct Metrics {
     progress: IntGaugeVec,
     pending: IntGaugeVec,
     evictions: IntCounterVec,
+    api_requests: IntCounterVec,
 }
 
 impl Metrics {
@@ -81,7 +82,15 @@ impl Metrics {
         registry.register(Box::new(phase.clone()))?;
         registry.register(Box::new(progress.clone()))?;
         registry.register(Box::new(pending.clone()))?;
+        let api_requests = IntCounterVec::new(
+            Opts::new(
+                "nmo_controller_api_requests_total",
+                "Requests the controller sent to the API server, by HTTP method",
+            ),
+            &["method"],
+        )?;
         registry.register(Box::new(evictions.clone()))?;
+        registry.register(Box::new(api_requests.clone()))?;
         for result in ["success", "error", "requeue", "requeue_after"] {
             reconcile_total.with_label_values(&[CONTROLLER_NAME, result]);
         }
@@ -95,6 +104,7 @@ impl Metrics {
             progress,
             pending,
             evictions,
+            api_requests,
         })
     }
 
@@ -110,6 +120,19 @@ impl Metrics {
         self.reconcile_duration
             .with_label_values(&[CONTROLLER_NAME])
             .observe(seconds);
+    }
+
+    /// A client whose every request to the API server is counted by method.
+    pub fn counted_client(&self, config: kube::Config) -> anyhow::Result<kube::Client> {
+        let counter = self.api_requests.clone();
+        let layer = tower::layer::layer_fn(move |svc| CountRequests {
+            inner: svc,
+            counter: counter.clone(),
+        });
+        Ok(kube::client::ClientBuilder::try_from(config)
+            .map_err(|e| anyhow::anyhow!("building the Kubernetes client: {e}"))?
+            .with_layer(&layer)
+            .build())
     }
 
     pub fn eviction(&self, result: &str) {
@@ -141,5 +164,35 @@ impl Metrics {
         }
         let _ = self.progress.remove_label_values(&[name, node]);
         let _ = self.pending.remove_label_values(&[name, node]);
+    }
+}
+
+/// Tower service that counts requests before passing them on.
+#[derive(Clone)]
+pub struct CountRequests<S> {
+    inner: S,
+    counter: IntCounterVec,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for CountRequests<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        self.counter
+            .with_label_values(&[req.method().as_str()])
+            .inc();
+        self.inner.call(req)
     }
 }

@@ -12,12 +12,46 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::{Api, Client};
 use serde_json::json;
 
-/// Path of a workspace binary built by `cargo build --workspace --bins`.
+/// Path of a workspace binary built by `cargo build --workspace --bins`
+/// (`NMO_BIN_PROFILE=release` picks the release build instead).
 pub fn binary(name: &str) -> PathBuf {
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| crate::repo_root().join("target"));
-    target.join("debug").join(name)
+    let profile = std::env::var("NMO_BIN_PROFILE").unwrap_or_else(|_| "debug".to_string());
+    target.join(profile).join(name)
+}
+
+/// Resident set size of a process in KiB, from /proc.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// GET a plain-HTTP URL path on 127.0.0.1:port (probes, metrics) and return the body.
+pub async fn http_get_local(port: u16, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
+    anyhow::ensure!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "GET {path} on port {port}: {head}"
+    );
+    Ok(body.to_string())
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Write a kubeconfig that authenticates as `namespace/sa` with a fresh token.

@@ -1,0 +1,139 @@
+//! `make bench`, controller part: time from creating a NodeMaintenance to
+//! `Succeeded` for a kwok node with N pods (zero grace period), the API
+//! requests the controller spent on it, and the controller's RSS.
+//! Runs the release build under its ServiceAccount against the local cluster.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use kube::api::PostParams;
+use kube::{Api, ResourceExt};
+use nmo_tests::fixtures::{GROUP_KEY, TestBed, is_ready};
+use nmo_tests::process::{Running, free_port, http_get_local, rss_kib, service_account_kubeconfig};
+use nmo_tests::wait::{Poll, until};
+use serde_json::json;
+use shared::{MaintenancePhase, NodeMaintenance};
+
+fn requests_total(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("nmo_controller_api_requests_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let pods: usize = std::env::var("BENCH_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(110);
+    let runs: usize = std::env::var("BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let client = nmo_tests::admin_client().await?;
+    nmo_tests::manifests::install_controller_prereqs(&client).await?;
+    let bed = TestBed::new(client.clone(), "bench").await?;
+    let result = bench(&bed, pods, runs).await;
+    bed.teardown().await;
+    result
+}
+
+async fn bench(bed: &TestBed, pods: usize, runs: usize) -> anyhow::Result<()> {
+    let dir = nmo_tests::repo_root().join(".cluster/test-logs");
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("bench-controller.kubeconfig");
+    service_account_kubeconfig(&bed.client, "nmo-system", "nmo-controller", &kubeconfig).await?;
+    let metrics_port = free_port()?;
+    let args = vec![
+        format!("--metrics-bind-address=127.0.0.1:{metrics_port}"),
+        "--health-probe-bind-address=0".to_string(),
+        format!("--nodemaintenance-selector={GROUP_KEY}={}", bed.group),
+        "--zap-level=info".to_string(),
+    ];
+    let ctrl = Running::start("nmo-controller", &args, &kubeconfig, &[])?;
+    until(
+        "controller metrics endpoint",
+        Duration::from_secs(30),
+        || async {
+            Ok(match http_get_local(metrics_port, "/metrics").await {
+                Ok(_) => Poll::Ready(()),
+                Err(e) => Poll::Pending(e.to_string()),
+            })
+        },
+    )
+    .await?;
+
+    println!(
+        "controller drain benchmark: {pods} pods per node (kwok, grace period 0), {runs} runs"
+    );
+    let mut times = Vec::new();
+    for run in 1..=runs {
+        let node = bed.node(&format!("n{run}"), false).await?.name_any();
+        let mut created = futures::stream::iter(0..pods)
+            .map(|i| {
+                let node = node.clone();
+                async move { bed.bare_pod(&format!("p{run}-{i}"), &node).await }
+            })
+            .buffer_unordered(16);
+        use futures::StreamExt;
+        while let Some(r) = created.next().await {
+            r?;
+        }
+        until(
+            &format!("{pods} pods Ready on {node}"),
+            Duration::from_secs(120),
+            || async {
+                let by_node = bed.pods_by_node().await?;
+                let ready = by_node
+                    .get(&node)
+                    .map(|v| v.iter().filter(|p| is_ready(p)).count())
+                    .unwrap_or(0);
+                Ok(if ready == pods {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending(format!("{ready} ready"))
+                })
+            },
+        )
+        .await?;
+
+        let before = requests_total(&http_get_local(metrics_port, "/metrics").await?);
+        let name = format!("{}-run{run}", bed.group);
+        let nm: NodeMaintenance = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {GROUP_KEY: bed.group}},
+            "spec": {"nodeName": node, "reason": "bench"}
+        }))?;
+        let api: Api<NodeMaintenance> = Api::all(bed.client.clone());
+        let start = Instant::now();
+        api.create(&PostParams::default(), &nm).await?;
+        until("Succeeded", Duration::from_secs(120), || async {
+            let nm = api.get(&name).await?;
+            Ok(if nm.phase() == Some(&MaintenancePhase::Succeeded) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!("{:?}", nm.status))
+            })
+        })
+        .await
+        .context("maintenance did not finish")?;
+        let took = start.elapsed();
+        let after = requests_total(&http_get_local(metrics_port, "/metrics").await?);
+        println!(
+            "  run {run}: create -> Succeeded in {:.2} s, {} API requests by the controller",
+            took.as_secs_f64(),
+            after - before
+        );
+        times.push(took.as_secs_f64());
+        api.delete(&name, &Default::default()).await?;
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    let rss = rss_kib(ctrl.child.id()).unwrap_or(0);
+    println!(
+        "controller: median create -> Succeeded {:.2} s (target <= 3 s), RSS {:.1} MiB",
+        times[times.len() / 2],
+        rss as f64 / 1024.0
+    );
+    Ok(())
+}
