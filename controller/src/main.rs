@@ -161,8 +161,16 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let (store, writer) = reflector::store();
     // Reconcile on what matters (spec, finalizers, deletion), not on our own
     // status writes: the drain schedules its own next round.
+    // Ready once the first full list of NodeMaintenances is in the cache.
+    let synced = cache_gate.clone();
     let nm_stream = watcher(nm_api, wc)
         .default_backoff()
+        .inspect(move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone)) && !synced.is_open() {
+                synced.set(true);
+                tracing::info!("NodeMaintenance cache synced");
+            }
+        })
         .reflect(writer)
         .applied_objects()
         .predicate_filter(
@@ -187,17 +195,6 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         max_concurrent_maintenances: cfg.max_concurrent_maintenances,
         max_concurrent_evictions: cfg.max_concurrent_evictions,
     });
-
-    {
-        let store = store.clone();
-        let gate = cache_gate.clone();
-        tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
-                gate.set(true);
-                tracing::info!("NodeMaintenance cache synced");
-            }
-        });
-    }
 
     // A node change (someone uncordons it, removes a taint) reaches the
     // NodeMaintenance that names it.

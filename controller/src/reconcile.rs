@@ -46,6 +46,10 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "node {node} changed while we patched it (someone updated its taints at the same time); retrying with a fresh copy"
+    )]
+    NodeChanged { node: String },
     #[error("failed to update NodeMaintenance {name}: {source}")]
     NodeMaintenance {
         name: String,
@@ -66,6 +70,7 @@ impl Error {
         let api_code = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 409);
         match self {
             Error::NodeMaintenance { source, .. } => api_code(source),
+            Error::NodeChanged { .. } => true,
             Error::Finalizer(f) => match f.as_ref() {
                 kube::runtime::finalizer::Error::ApplyFailed(e)
                 | kube::runtime::finalizer::Error::CleanupFailed(e) => e.is_conflict(),
@@ -79,6 +84,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Node { .. } => "node",
+            Error::NodeChanged { .. } => "node_changed",
             Error::NodeMaintenance { .. } => "nodemaintenance",
             Error::Pods(_) => "pods",
             Error::Lease(_) => "lease",
@@ -337,6 +343,9 @@ async fn apply_admitted(
         st.pending_pods_refs = drain::references(&pods.must_leave);
         st.drain_progress = 0;
         st.last_error.clear();
+        // Persist the starting point before anything moves: if this write loses
+        // to a newer object version, nothing has been evicted on stale counts.
+        write_status(ctx, nm, st.clone()).await?;
     }
 
     // The lease comes before anything touches the node.
@@ -476,10 +485,17 @@ async fn patch_node(
         .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
         .map(|_| ())
-        .map_err(|source| Error::Node {
-            action,
-            node: node.to_string(),
-            source,
+        .map_err(|source| match &source {
+            // The patch opens with a `test` of the taints we read: 422 (or a
+            // 409) means the node moved on since, not that the request was wrong.
+            kube::Error::Api(s) if s.code == 422 || s.code == 409 => Error::NodeChanged {
+                node: node.to_string(),
+            },
+            _ => Error::Node {
+                action,
+                node: node.to_string(),
+                source,
+            },
         })
 }
 

@@ -52,6 +52,22 @@ impl Env {
         env
     }
 
+    /// Start one more controller process for this test's NodeMaintenances with extra flags.
+    fn spawn_controller(&self, extra: &[String]) -> Running {
+        let mut args = vec![
+            format!("--nodemaintenance-selector={GROUP_KEY}={}", self.bed.group),
+            format!("--max-concurrent-maintenances={}", self.max),
+        ];
+        args.extend_from_slice(extra);
+        Running::start(
+            "nmo-controller",
+            &args,
+            &self.kubeconfig,
+            &[("POD_NAMESPACE", "nmo-system")],
+        )
+        .expect("controller starts")
+    }
+
     fn start_controller(&mut self) {
         let args: Vec<String> = [
             "--metrics-bind-address=0",
@@ -778,5 +794,143 @@ async fn deleting_the_node_collects_the_maintenance_and_its_lease() {
     })
     .await
     .expect("lease gone");
+    env.teardown().await;
+}
+
+async fn wait_http(port: u16, path: &str) -> String {
+    until(
+        &format!("GET {path} on port {port} answers 200"),
+        LONG,
+        || async move {
+            Ok(match nmo_tests::process::http_get_local(port, path).await {
+                Ok(body) => Poll::Ready(body),
+                Err(e) => Poll::Pending(e.to_string()),
+            })
+        },
+    )
+    .await
+    .expect("endpoint answers")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_metrics_and_clean_shutdown() {
+    let mut env = Env::new("nm-probe", 1).await;
+    // This test drives its own controller with probes and metrics on.
+    if let Some(mut c) = env.ctrl.take() {
+        c.kill();
+    }
+    let probe = nmo_tests::process::free_port().expect("port");
+    let metrics = nmo_tests::process::free_port().expect("port");
+    let mut ctrl = env.spawn_controller(&[
+        format!("--health-probe-bind-address=127.0.0.1:{probe}"),
+        format!("--metrics-bind-address=127.0.0.1:{metrics}"),
+    ]);
+    assert_eq!(wait_http(probe, "/healthz").await, "ok");
+    assert_eq!(wait_http(probe, "/readyz").await, "ok");
+    let target = env
+        .bed
+        .node("target", false)
+        .await
+        .expect("node")
+        .name_any();
+    env.create_nm(&env.n("a"), &target).await;
+    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
+    let text = wait_http(metrics, "/metrics").await;
+    for series in [
+        "controller_runtime_reconcile_total{controller=\"nodemaintenance\",result=\"success\"}",
+        "controller_runtime_reconcile_duration_seconds_bucket",
+        "controller_runtime_reconcile_errors_total",
+        "nmo_nodemaintenance_drain_progress_percent",
+        "nmo_controller_api_requests_total",
+    ] {
+        assert!(text.contains(series), "metric {series} exposed:\n{text}");
+    }
+    let phase_line = format!(
+        "nmo_nodemaintenance_phase{{name=\"{}\",node=\"{target}\",phase=\"Succeeded\"}} 1",
+        env.n("a")
+    );
+    assert!(text.contains(&phase_line), "{phase_line} in:\n{text}");
+    let status = ctrl.terminate().expect("exit status");
+    assert!(
+        status.success(),
+        "SIGTERM ends the controller cleanly: {status:?}\n{}",
+        ctrl.log_text()
+    );
+    assert!(ctrl.log_text().contains("stopped cleanly"));
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_election_one_active_replica_and_takeover() {
+    let mut env = Env::new("nm-leader", 1).await;
+    if let Some(mut c) = env.ctrl.take() {
+        c.kill();
+    }
+    let lease_name = format!("{}-leader", env.bed.group);
+    let args = [
+        "--leader-elect".to_string(),
+        format!("--leader-election-id={lease_name}"),
+        "--metrics-bind-address=0".to_string(),
+        "--health-probe-bind-address=0".to_string(),
+    ];
+    let mut a = env.spawn_controller(&args);
+    let mut b = env.spawn_controller(&args);
+    let leases: Api<Lease> = Api::namespaced(env.client(), "nmo-system");
+    let holder = until("a leader is elected", LONG, || async {
+        let l = leases.get_opt(&lease_name).await?;
+        Ok(
+            match l.and_then(|l| l.spec).and_then(|s| s.holder_identity) {
+                Some(h) if !h.is_empty() => Poll::Ready(h),
+                other => Poll::Pending(format!("holder {other:?}")),
+            },
+        )
+    })
+    .await
+    .expect("leader elected");
+    let target = env
+        .bed
+        .node("target", false)
+        .await
+        .expect("node")
+        .name_any();
+    env.create_nm(&env.n("a"), &target).await;
+    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
+    // Exactly one replica did the work (its log line follows the status write).
+    let worked = |r: &Running| r.log_text().contains("node drained: maintenance succeeded");
+    until("the leader logs the finished drain", LONG, || async {
+        Ok(if worked(&a) || worked(&b) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending("no log line yet".into())
+        })
+    })
+    .await
+    .expect("leader log");
+    assert!(worked(&a) ^ worked(&b), "exactly one replica reconciled");
+    // Kill the leader: the other takes over and handles the next change.
+    let (leader, standby) = if worked(&a) {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    leader.kill();
+    env.nms()
+        .delete(&env.n("a"), &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.wait_gone(&env.n("a")).await;
+    assert!(
+        standby.log_text().contains("became leader"),
+        "standby took over"
+    );
+    let new_holder = leases
+        .get(&lease_name)
+        .await
+        .expect("lease")
+        .spec
+        .and_then(|s| s.holder_identity);
+    assert_ne!(new_holder, Some(holder), "leadership moved");
     env.teardown().await;
 }
