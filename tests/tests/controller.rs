@@ -87,6 +87,24 @@ impl Env {
         );
     }
 
+    /// A fresh Ready node of this test, by name.
+    async fn target(&self) -> String {
+        self.bed
+            .node("target", false)
+            .await
+            .expect("target node")
+            .name_any()
+    }
+
+    /// A target node already in maintenance under NodeMaintenance "a" (Succeeded).
+    async fn node_in_maintenance(&self) -> String {
+        let target = self.target().await;
+        self.create_nm(&self.n("a"), &target).await;
+        self.wait_phase(&self.n("a"), MaintenancePhase::Succeeded)
+            .await;
+        target
+    }
+
     /// A NodeMaintenance name unique to this test run.
     fn n(&self, short: &str) -> String {
         format!("{}-{short}", self.bed.group)
@@ -542,12 +560,7 @@ async fn pdb_blocks_one_pod_others_go_and_lifting_it_completes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_lease_waits_without_touching_the_node() {
     let env = Env::new("nm-lease", 1).await;
-    let target = env
-        .bed
-        .node("target", false)
-        .await
-        .expect("node")
-        .name_any();
+    let target = env.target().await;
     let leases: Api<Lease> = Api::namespaced(env.client(), "medik8s-leases");
     nmo_tests::manifests::apply_yaml(
         &env.client(),
@@ -555,10 +568,7 @@ async fn foreign_lease_waits_without_touching_the_node() {
     )
     .await
     .expect("lease namespace");
-    let now = serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-        k8s_openapi::jiff::Timestamp::now(),
-    ))
-    .expect("micro time");
+    let now = micro_now();
     let lease: Lease = serde_json::from_value(json!({
         "metadata": {"name": format!("node-{target}")},
         "spec": {"holderIdentity": "self-node-remediation", "leaseDurationSeconds": 3600,
@@ -615,22 +625,11 @@ async fn foreign_lease_waits_without_touching_the_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_lost_for_good_fails_and_restores_the_node() {
     let env = Env::new("nm-lost", 1).await;
-    let target = env
-        .bed
-        .node("target", false)
-        .await
-        .expect("node")
-        .name_any();
-    env.create_nm(&env.n("a"), &target).await;
-    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
-        .await;
+    let target = env.node_in_maintenance().await;
 
     // Another operator takes the lease over (as if ours had lapsed).
     let leases: Api<Lease> = Api::namespaced(env.client(), "medik8s-leases");
-    let now = serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-        k8s_openapi::jiff::Timestamp::now(),
-    ))
-    .expect("micro time");
+    let now = micro_now();
     leases
         .patch(
             &format!("node-{target}"),
@@ -738,15 +737,7 @@ async fn missing_node_fails_without_retry_loop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_for_same_node_fails_and_never_touches_it() {
     let env = Env::new("nm-dup", 0).await;
-    let target = env
-        .bed
-        .node("target", false)
-        .await
-        .expect("node")
-        .name_any();
-    env.create_nm(&env.n("a"), &target).await;
-    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
-        .await;
+    let target = env.node_in_maintenance().await;
     env.create_nm(&env.n("b"), &target).await;
     let nm = env.wait_phase(&env.n("b"), MaintenancePhase::Failed).await;
     let msg = nm.status.expect("status").last_error;
@@ -772,15 +763,7 @@ async fn duplicate_for_same_node_fails_and_never_touches_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_the_node_collects_the_maintenance_and_its_lease() {
     let env = Env::new("nm-gc", 1).await;
-    let target = env
-        .bed
-        .node("target", false)
-        .await
-        .expect("node")
-        .name_any();
-    env.create_nm(&env.n("a"), &target).await;
-    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
-        .await;
+    let target = env.node_in_maintenance().await;
     env.nodes()
         .delete(&target, &DeleteParams::default())
         .await
@@ -827,15 +810,7 @@ async fn probes_metrics_and_clean_shutdown() {
     ]);
     assert_eq!(wait_http(probe, "/healthz").await, "ok");
     assert_eq!(wait_http(probe, "/readyz").await, "ok");
-    let target = env
-        .bed
-        .node("target", false)
-        .await
-        .expect("node")
-        .name_any();
-    env.create_nm(&env.n("a"), &target).await;
-    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
-        .await;
+    let target = env.node_in_maintenance().await;
     let text = wait_http(metrics, "/metrics").await;
     for series in [
         "controller_runtime_reconcile_total{controller=\"nodemaintenance\",result=\"success\"}",
@@ -888,15 +863,7 @@ async fn leader_election_one_active_replica_and_takeover() {
     })
     .await
     .expect("leader elected");
-    let target = env
-        .bed
-        .node("target", false)
-        .await
-        .expect("node")
-        .name_any();
-    env.create_nm(&env.n("a"), &target).await;
-    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
-        .await;
+    env.node_in_maintenance().await;
     // Exactly one replica did the work (its log line follows the status write).
     let worked = |r: &Running| r.log_text().contains("node drained: maintenance succeeded");
     until("the leader logs the finished drain", LONG, || async {
@@ -933,4 +900,12 @@ async fn leader_election_one_active_replica_and_takeover() {
         .and_then(|s| s.holder_identity);
     assert_ne!(new_holder, Some(holder), "leadership moved");
     env.teardown().await;
+}
+
+/// Now as a Kubernetes MicroTime JSON value (exactly microseconds, as the API wants).
+fn micro_now() -> serde_json::Value {
+    let t = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    serde_json::to_value(t).expect("micro time")
 }
