@@ -10,7 +10,5 @@ cargo build --release --workspace --bins
 bash tests/cluster/up.sh
 echo "== controller"
 NMO_BIN_PROFILE=release ./target/release/controller-bench
-if [ -x ./target/release/webhook-bench ]; then
-  echo "== webhook"
-  ./target/release/webhook-bench
-fi
+echo "== webhook"
+bash tests/deploy/bench-webhook.sh

@@ -145,7 +145,9 @@ pub async fn bind_and_serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError { what, addr, source })?;
-    tracing::info!(endpoint = what, %addr, "listening");
+    // The bound address (port 0 resolves to a real port here).
+    let bound = listener.local_addr().unwrap_or(addr);
+    tracing::info!(endpoint = what, addr = %bound, "listening");
     Ok(async move {
         axum::serve(listener, router)
             .with_graceful_shutdown(shutdown)

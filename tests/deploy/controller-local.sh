@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run nmo-controller (release build) against the local control plane, under
 # its ServiceAccount and the RBAC of manifests/controller/, with leader
-# election on, as it runs in a cluster. Called by deploy-local.sh.
+# election on, as it runs in a cluster. Called by deploy-local.sh. It leaves
+# NodeMaintenances labelled nmo-test/group alone: the integration tests run
+# their own controllers for those.
 #
 #   tests/deploy/controller-local.sh          (re)start; returns once /readyz is green
 #   tests/deploy/controller-local.sh --stop   stop it
@@ -48,9 +50,9 @@ fi
 [ -f "$ADMIN_KUBECONFIG" ] || die "no local cluster ($ADMIN_KUBECONFIG missing): run 'make cluster-up'"
 mkdir -p "$(dirname "$PID_FILE")" "$(dirname "$LOG_FILE")"
 
-kc apply -f "$REPO_ROOT/manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml" >/dev/null
-kc create namespace nmo-system --dry-run=client -o yaml | kc apply -f - >/dev/null
-kc apply -f "$REPO_ROOT/manifests/controller/rbac.yaml" >/dev/null
+kc apply --server-side --force-conflicts --field-manager=nmo-deploy-local -f "$REPO_ROOT/manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml" >/dev/null
+kc create namespace nmo-system --dry-run=client -o yaml | kc apply --server-side --force-conflicts --field-manager=nmo-deploy-local -f - >/dev/null
+kc apply --server-side --force-conflicts --field-manager=nmo-deploy-local -f "$REPO_ROOT/manifests/controller/rbac.yaml" >/dev/null
 
 # A kubeconfig that authenticates as the ServiceAccount, so RBAC is real.
 token="$(kc create token nmo-controller -n nmo-system --duration=24h)" ||
@@ -72,6 +74,7 @@ stop
 log "starting $BIN (log: $LOG_FILE)"
 KUBECONFIG="$CTRL_KUBECONFIG" POD_NAMESPACE=nmo-system POD_NAME="nmo-controller-local" \
   setsid nohup "$BIN" --leader-elect \
+  --nodemaintenance-selector='!nmo-test/group' \
   --metrics-bind-address="127.0.0.1:$METRICS_PORT" \
   --health-probe-bind-address="127.0.0.1:$PROBE_PORT" \
   --zap-level="${NMO_CONTROLLER_LOG_LEVEL:-info}" \

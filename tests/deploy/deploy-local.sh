@@ -16,6 +16,10 @@
 # ValidatingWebhookConfiguration "nmo-webhook" (URL on 127.0.0.1, caBundle from
 # the CA, failurePolicy Fail).
 #
+# Then the controller is (re)started by tests/deploy/controller-local.sh (its own
+# pid, log and ports). NMO_DEPLOY_WEBHOOK_ONLY=1 builds and starts the webhook
+# only (the webhook bench uses it, so a controller in mid-change cannot block it).
+#
 # Files: pid .cluster/pids/webhook.pid, log .cluster/logs/webhook.log (the previous
 # run's log in .cluster/logs/previous/). Ports (override with the env variables):
 # TLS 9443 [NMO_WEBHOOK_PORT], metrics 18080 [NMO_WEBHOOK_METRICS_PORT], probes
@@ -88,7 +92,13 @@ stop_webhook() {
   rm -f "$PID_FILE"
 }
 
+CONTROLLER_SCRIPT="$REPO_ROOT/tests/deploy/controller-local.sh"
+WEBHOOK_ONLY="${NMO_DEPLOY_WEBHOOK_ONLY:-}"
+
 if [ "${1:-}" = "--stop" ]; then
+  if [ -f "$CONTROLLER_SCRIPT" ]; then
+    bash "$CONTROLLER_SCRIPT" --stop || log "WARNING: stopping the controller failed (see above)"
+  fi
   stop_webhook
   if [ -x "$KUBECTL" ] && [ -f "$ADMIN_KUBECONFIG" ]; then
     # Without its webhook the configuration would make every create fail.
@@ -101,19 +111,19 @@ fi
 
 # ---- build
 log "building release binaries (nmo-webhook, nmo-certs)"
-packages=(-p nmo-webhook -p nmo-certs)
-# The controller joins the build once its package has a binary target.
-if cargo metadata --no-deps --format-version 1 --manifest-path "$REPO_ROOT/Cargo.toml" 2>/dev/null |
-  python3 -c 'import json,sys; m=json.load(sys.stdin); sys.exit(0 if any(p["name"]=="nmo-controller" and any("bin" in t["kind"] for t in p["targets"]) for p in m["packages"]) else 1)'; then
-  packages+=(-p nmo-controller)
-fi
-(cd "$REPO_ROOT" && cargo build --release "${packages[@]}") || die "cargo build --release ${packages[*]} failed (see above)"
+(cd "$REPO_ROOT" && cargo build --release -p nmo-webhook -p nmo-certs) ||
+  die "cargo build --release -p nmo-webhook -p nmo-certs failed (see above)"
 [ -x "$RELEASE_DIR/nmo-webhook" ] || die "$RELEASE_DIR/nmo-webhook missing after the build"
 [ -x "$RELEASE_DIR/nmo-certs" ] || die "$RELEASE_DIR/nmo-certs missing after the build"
+if [ -z "$WEBHOOK_ONLY" ]; then
+  log "building release binary nmo-controller"
+  (cd "$REPO_ROOT" && cargo build --release -p nmo-controller) ||
+    die "cargo build --release -p nmo-controller failed (see above); NMO_DEPLOY_WEBHOOK_ONLY=1 deploys the webhook alone"
+fi
 
 # ---- cluster
 bash "$REPO_ROOT/tests/cluster/up.sh" || die "tests/cluster/up.sh failed (see above)"
-[ -x "$KUBECTL" ] && [ -f "$ADMIN_KUBECONFIG" ] || die "up.sh did not leave $KUBECTL and $ADMIN_KUBECONFIG"
+{ [ -x "$KUBECTL" ] && [ -f "$ADMIN_KUBECONFIG" ]; } || die "up.sh did not leave $KUBECTL and $ADMIN_KUBECONFIG"
 
 # ---- certificates: the CA survives redeploys (so does the caBundle); the
 # serving certificate is re-issued each time, as a Secret update would.
@@ -126,18 +136,20 @@ CA_BUNDLE="$("$RELEASE_DIR/nmo-certs" ca-bundle --ca-dir "$CERTS/ca")"
 
 # ---- API objects the webhook needs
 log "applying the CRD, namespace $NAMESPACE and the webhook's RBAC"
-kc apply -f "$REPO_ROOT/manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml" >/dev/null
+# Server-side apply: no last-applied annotation, no conflict with the tests' applies.
+ssa() { kc apply --server-side --force-conflicts --field-manager=nmo-deploy-local "$@" >/dev/null; }
+ssa -f "$REPO_ROOT/manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml"
 kc wait --for=condition=Established --timeout=60s crd/nodemaintenances.nodemaintenance.medik8s.io >/dev/null ||
   die "the NodeMaintenance CRD did not become Established within 60 s"
-kc create namespace "$NAMESPACE" --dry-run=client -o yaml | kc apply -f - >/dev/null
-kc apply -k "$REPO_ROOT/manifests/webhook/" >/dev/null
+kc create namespace "$NAMESPACE" --dry-run=client -o yaml | ssa -f -
+ssa -k "$REPO_ROOT/manifests/webhook/"
 
 # ---- a kubeconfig that authenticates as the webhook's ServiceAccount
 token="$(kc create token "$SERVICE_ACCOUNT" -n "$NAMESPACE" --duration=24h)" ||
   die "cannot mint a token for serviceaccount $NAMESPACE/$SERVICE_ACCOUNT"
 server="$(kc config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')"
 ca_data="$(kc config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
-[ -n "$server" ] && [ -n "$ca_data" ] || die "cannot read server and CA from $ADMIN_KUBECONFIG"
+{ [ -n "$server" ] && [ -n "$ca_data" ]; } || die "cannot read server and CA from $ADMIN_KUBECONFIG"
 umask 077
 cat >"$WEBHOOK_KUBECONFIG" <<EOF
 apiVersion: v1
@@ -207,7 +219,7 @@ done
 
 # ---- register it with the API server (after it is ready, so no create fails
 # for lack of a webhook that is merely starting)
-kc apply -f - >/dev/null <<EOF
+ssa -f - <<EOF
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingWebhookConfiguration
 metadata:
@@ -224,6 +236,11 @@ webhooks:
     clientConfig:
       url: https://127.0.0.1:$WEBHOOK_PORT$WEBHOOK_PATH
       caBundle: $CA_BUNDLE
+    # Objects of the integration tests (label nmo-test/group) are judged by the
+    # tests' own webhooks only: some tests create invalid objects on purpose.
+    objectSelector:
+      matchExpressions:
+        - {key: nmo-test/group, operator: DoesNotExist}
     rules:
       - apiGroups: ["nodemaintenance.medik8s.io"]
         apiVersions: ["v1beta1"]
@@ -232,3 +249,12 @@ webhooks:
 EOF
 log "webhook ready (pid $(cat "$PID_FILE")): https://127.0.0.1:$WEBHOOK_PORT$WEBHOOK_PATH," \
   "metrics http://127.0.0.1:$METRICS_PORT/metrics, probes http://127.0.0.1:$PROBE_PORT/readyz"
+
+# ---- the controller
+if [ -n "$WEBHOOK_ONLY" ]; then
+  log "NMO_DEPLOY_WEBHOOK_ONLY set: not starting the controller"
+elif [ -f "$CONTROLLER_SCRIPT" ]; then
+  bash "$CONTROLLER_SCRIPT" || die "starting the controller failed (see above); the webhook is running"
+else
+  log "WARNING: $CONTROLLER_SCRIPT not found: the controller was not started"
+fi

@@ -825,7 +825,22 @@ async fn probes_metrics_and_clean_shutdown() {
         "nmo_nodemaintenance_phase{{name=\"{}\",node=\"{target}\",phase=\"Succeeded\"}} 1",
         env.n("a")
     );
-    assert!(text.contains(&phase_line), "{phase_line} in:\n{text}");
+    // The gauge is set right after the status write the test just observed.
+    until(&format!("metric line {phase_line}"), LONG, || async {
+        let text = nmo_tests::process::http_get_local(metrics, "/metrics").await?;
+        Ok(if text.contains(&phase_line) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending(
+                text.lines()
+                    .filter(|l| l.starts_with("nmo_nodemaintenance_phase"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )
+        })
+    })
+    .await
+    .expect("phase gauge");
     let status = ctrl.terminate().expect("exit status");
     assert!(
         status.success(),

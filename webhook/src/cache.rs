@@ -65,6 +65,7 @@ struct EtcdCaches {
 
 /// The caches behind [`Lookups`].
 pub struct Caches {
+    client: Client,
     nodes: Cached<PartialObjectMeta<Node>>,
     maintenances: Cached<NodeMaintenance>,
     /// Set once OpenShift detection finished: `Some` on OpenShift.
@@ -113,6 +114,7 @@ impl Caches {
             metrics,
         );
         let caches = Arc::new(Caches {
+            client: client.clone(),
             nodes,
             maintenances,
             etcd: OnceLock::new(),
@@ -271,6 +273,22 @@ async fn detect_openshift_until_known(client: &Client) -> bool {
 }
 
 impl Lookups for Caches {
+    fn confirm_node(&self, name: &str) -> futures::future::BoxFuture<'_, Option<NodeFacts>> {
+        let api = Api::<Node>::all(self.client.clone());
+        let name = name.to_string();
+        Box::pin(async move {
+            match api.get_metadata_opt(&name).await {
+                Ok(found) => found.map(|n| NodeFacts {
+                    control_plane: is_control_plane(n.metadata.labels.as_ref()),
+                }),
+                Err(e) => {
+                    tracing::warn!(node = %name, error = %e, "could not confirm a node missing from the cache");
+                    None
+                }
+            }
+        })
+    }
+
     fn node(&self, name: &str) -> Result<Option<NodeFacts>, Unavailable> {
         let store = self.nodes.ready_store()?;
         Ok(store.get(&ObjectRef::new(name)).map(|n| NodeFacts {
@@ -313,5 +331,59 @@ impl Lookups for Caches {
             pdbs: etcd::guard_pdbs(pdbs.iter().map(|p| p.as_ref())),
             guard_pod,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::tests::mk_pod;
+    use k8s_openapi::api::core::v1::{Container, PodCondition};
+
+    #[test]
+    fn slim_pod_keeps_what_the_quorum_rule_reads() {
+        let mut pod = mk_pod("guard", "guard", "cp-1", Some("False"));
+        pod.metadata.annotations = Some([("big".to_string(), "x".repeat(1000))].into());
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers = vec![Container {
+                name: "c".into(),
+                ..Default::default()
+            }];
+        }
+        if let Some(conds) = pod.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            conds.push(PodCondition {
+                type_: "Initialized".into(),
+                status: "True".into(),
+                ..Default::default()
+            });
+        }
+        slim_pod(&mut pod);
+        assert_eq!(
+            pod.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app"))
+                .map(String::as_str),
+            Some("guard")
+        );
+        assert!(
+            pod.metadata
+                .annotations
+                .as_ref()
+                .is_none_or(|a| a.is_empty())
+        );
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(spec.node_name.as_deref(), Some("cp-1"));
+        assert!(spec.containers.is_empty());
+        let conds = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .expect("conditions");
+        assert_eq!(conds.len(), 1);
+        assert_eq!(
+            (conds[0].type_.as_str(), conds[0].status.as_str()),
+            ("Ready", "False")
+        );
     }
 }

@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use rustls::ClientConfig;
+pub use rustls::ClientConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
@@ -160,15 +160,22 @@ pub async fn send_raw(
     wait: std::time::Duration,
 ) -> Result<String, ClientError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = connect_tls(addr, server_name, tls).await?;
-    // The server may answer and close before everything is written.
-    let _ = stream.write_all(raw).await;
-    let _ = stream.flush().await;
+    let stream = connect_tls(addr, server_name, tls).await?;
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    // Write and read at once: the server may answer (e.g. 413) before the
+    // request is complete, then close; reading concurrently catches the answer.
+    let raw = raw.to_vec();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&raw).await;
+        let _ = wr.flush().await;
+        // Keep the write half open until the reader is done.
+        wr
+    });
     let mut buf = vec![0u8; 16 * 1024];
     let mut got = Vec::new();
     let read = async {
         loop {
-            match stream.read(&mut buf).await {
+            match rd.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     got.extend_from_slice(&buf[..n]);
@@ -181,6 +188,7 @@ pub async fn send_raw(
         }
     };
     let _ = tokio::time::timeout(wait, read).await;
+    writer.abort();
     Ok(String::from_utf8_lossy(&got).into_owned())
 }
 

@@ -31,7 +31,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::metrics::Metrics;
 use crate::review;
-use crate::validate::{Decision, Lookups, Reason, decide};
+use crate::validate::{Decision, Lookups, Reason, decide_confirmed};
 
 /// Per-request limits.
 #[derive(Debug, Clone)]
@@ -202,7 +202,7 @@ async fn handle(st: &Inner, req: Request, start: Instant) -> Response {
             };
         }
     };
-    let decision = decide(&request, st.lookups.as_ref());
+    let decision = decide_confirmed(&request, st.lookups.as_ref()).await;
     record(
         st,
         request.operation.label(),
@@ -271,20 +271,36 @@ fn record(
             d.reason.as_str(),
         ])
         .inc();
-    let latency_ms = start.elapsed().as_secs_f64() * 1000.0;
+    // Microsecond resolution is plenty, and keeps the log line short.
+    let latency_ms = start.elapsed().as_micros() as f64 / 1000.0;
     tracing::info!(
         target: "nmo_webhook::decision",
-        uid,
-        user,
-        operation,
-        object = d.object.as_str(),
-        node = d.node.as_deref().unwrap_or(""),
+        uid = clip(uid),
+        user = clip(user),
+        operation = clip(operation),
+        object = clip(&d.object),
+        node = clip(d.node.as_deref().unwrap_or("")),
         allowed = d.allowed,
         reason = d.reason.as_str(),
-        message = d.message.as_str(),
+        denial = clip(&d.message),
         latency_ms,
         "admission decision"
     );
+}
+
+/// Values from the request are logged at most this long: a direct caller can
+/// send megabyte-long names, and one request must not become megabytes of log.
+const LOG_VALUE_MAX: usize = 256;
+
+fn clip(s: &str) -> &str {
+    if s.len() <= LOG_VALUE_MAX {
+        return s;
+    }
+    let mut end = LOG_VALUE_MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// Bind the TLS port now, so a taken port fails the start.
@@ -375,5 +391,19 @@ pub async fn serve(
         .is_err()
     {
         tracing::warn!(timeout = ?opts.shutdown_timeout, "in-flight reviews did not finish in time; closing anyway");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_log_values_are_clipped_on_a_char_boundary() {
+        assert_eq!(clip("short"), "short");
+        let long = "é".repeat(300); // 2 bytes each
+        let c = clip(&long);
+        assert!(c.len() <= LOG_VALUE_MAX && c.len() >= LOG_VALUE_MAX - 1);
+        assert!(long.starts_with(c));
     }
 }

@@ -39,6 +39,60 @@ pub trait Lookups: Send + Sync {
     fn maintenance_exists_for(&self, node: &str) -> Result<bool, Unavailable>;
     fn is_openshift(&self) -> Result<bool, Unavailable>;
     fn etcd_guard(&self, node: &str) -> Result<EtcdGuard, Unavailable>;
+
+    /// Confirm a node the cache does not know with a direct read: a node
+    /// created a moment ago may not have reached the watch yet. Only called
+    /// on a miss, so the hot path never leaves the cache.
+    fn confirm_node(&self, _name: &str) -> futures::future::BoxFuture<'_, Option<NodeFacts>> {
+        Box::pin(std::future::ready(None))
+    }
+}
+
+/// Lookups that also know one node the cache had not seen yet.
+pub struct WithNode<'a> {
+    pub inner: &'a dyn Lookups,
+    pub name: &'a str,
+    pub facts: NodeFacts,
+}
+
+impl Lookups for WithNode<'_> {
+    fn node(&self, name: &str) -> Result<Option<NodeFacts>, Unavailable> {
+        if name == self.name {
+            return Ok(Some(self.facts));
+        }
+        self.inner.node(name)
+    }
+    fn maintenance_exists_for(&self, node: &str) -> Result<bool, Unavailable> {
+        self.inner.maintenance_exists_for(node)
+    }
+    fn is_openshift(&self) -> Result<bool, Unavailable> {
+        self.inner.is_openshift()
+    }
+    fn etcd_guard(&self, node: &str) -> Result<EtcdGuard, Unavailable> {
+        self.inner.etcd_guard(node)
+    }
+}
+
+/// [`decide`], confirming an unknown node against the API server before denying.
+pub async fn decide_confirmed(req: &ReviewRequest, lookups: &dyn Lookups) -> Decision {
+    let decision = decide(req, lookups);
+    if decision.reason != Reason::NodeNotFound {
+        return decision;
+    }
+    let Some(node) = decision.node.clone() else {
+        return decision;
+    };
+    match lookups.confirm_node(&node).await {
+        Some(facts) => decide(
+            req,
+            &WithNode {
+                inner: lookups,
+                name: &node,
+                facts,
+            },
+        ),
+        None => decision,
+    }
 }
 
 /// Why a decision came out as it did: the `reason` label of
@@ -438,6 +492,46 @@ mod tests {
             &d,
             Reason::Duplicate,
             "invalid nodeName, a NodeMaintenance for node worker-1 already exists",
+        );
+    }
+
+    /// A cluster whose cache misses a node the API server already has.
+    struct Lagging(Fake);
+
+    impl Lookups for Lagging {
+        fn node(&self, name: &str) -> Result<Option<NodeFacts>, Unavailable> {
+            self.0.node(name)
+        }
+        fn maintenance_exists_for(&self, node: &str) -> Result<bool, Unavailable> {
+            self.0.maintenance_exists_for(node)
+        }
+        fn is_openshift(&self) -> Result<bool, Unavailable> {
+            self.0.is_openshift()
+        }
+        fn etcd_guard(&self, node: &str) -> Result<EtcdGuard, Unavailable> {
+            self.0.etcd_guard(node)
+        }
+        fn confirm_node(&self, name: &str) -> futures::future::BoxFuture<'_, Option<NodeFacts>> {
+            let known = name == "just-created";
+            Box::pin(std::future::ready(known.then_some(NodeFacts {
+                control_plane: false,
+            })))
+        }
+    }
+
+    fn create_confirmed(node: &str, lookups: &dyn Lookups) -> Decision {
+        let req = decode(create_review("uid-1", "nm-1", node).as_bytes()).expect("valid review");
+        futures::executor::block_on(decide_confirmed(&req, lookups))
+    }
+
+    #[test]
+    fn node_missing_from_cache_is_confirmed_before_denying() {
+        let lagging = Lagging(Fake::cluster());
+        assert_allowed(&create_confirmed("just-created", &lagging), Reason::Valid);
+        assert_eq!(
+            create_confirmed("ghost", &lagging).reason,
+            Reason::NodeNotFound,
+            "a node the API server does not have either is still denied"
         );
     }
 

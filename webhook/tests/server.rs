@@ -66,6 +66,10 @@ impl Running {
 }
 
 async fn start(limits: Limits) -> Running {
+    start_with(limits, false).await
+}
+
+async fn start_with(limits: Limits, enable_http2: bool) -> Running {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let dir = std::env::temp_dir().join(format!(
@@ -94,7 +98,7 @@ async fn start(limits: Limits) -> Running {
         )
         .expect("load"),
     );
-    let tls = server_config(resolver, false).expect("tls");
+    let tls = server_config(resolver, enable_http2).expect("tls");
     let listener = server::bind("127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("bind");
@@ -109,7 +113,7 @@ async fn start(limits: Limits) -> Running {
             max_connections: 64,
             tls_handshake_timeout: Duration::from_secs(2),
             idle_timeout: Duration::from_secs(30),
-            enable_http2: false,
+            enable_http2,
             shutdown_timeout: Duration::from_secs(5),
         },
         async {
@@ -538,4 +542,22 @@ async fn shutdown_finishes_in_flight_reviews() {
         .await
         .expect("serve() returns after the last review")
         .expect("no panic");
+}
+
+#[tokio::test]
+async fn http2_is_offered_when_enabled() {
+    let srv = start_with(limits(), true).await;
+    let mut cfg = (*tls_config(&srv.ca_pem).expect("ca")).clone();
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let tls = connect_tls(srv.addr, "localhost", Arc::new(cfg))
+        .await
+        .expect("tls");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    // HTTP/1.1 clients keep working.
+    let mut c = srv.client().await;
+    let (status, _) = c
+        .post(WEBHOOK_PATH, create_review("u", "nm", "worker-1"))
+        .await
+        .expect("post");
+    assert_eq!(status, StatusCode::OK);
 }
