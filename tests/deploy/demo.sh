@@ -57,7 +57,10 @@ YAML
 say "Drain progress (the PDB lets one web pod go at a time)"
 deadline=$((SECONDS + 120)); last=""
 while :; do
-  line="$(K get nm "$NM" -o jsonpath='{.status.phase} {.status.drainProgress}% pending=[{.status.pendingPods}] {.status.lastError}' 2>/dev/null || true)"
+  # drainProgress 0 is omitted from status (omitempty, as upstream): show it as 0.
+  IFS='|' read -r phase progress pending lasterr < <(K get nm "$NM" -o \
+    jsonpath='{.status.phase}|{.status.drainProgress}|{.status.pendingPods}|{.status.lastError}' 2>/dev/null || true)
+  line="${phase:-<no status yet>} ${progress:-0}% pending=${pending:-[]} ${lasterr}"
   if [ "$line" != "$last" ]; then printf '  %s  %s\n' "$(date +%T)" "$line"; last="$line"; fi
   case "$line" in Succeeded*) break ;; Failed*) fail "maintenance failed: $line" ;; esac
   [ $SECONDS -lt $deadline ] || fail "maintenance did not finish within 120 s; last status: $line"
