@@ -34,6 +34,8 @@ const REQUEUE_TERMINATING: Duration = Duration::from_millis(500);
 const REQUEUE_BLOCKED: Duration = Duration::from_secs(shared::consts::DRAIN_REQUEUE_SECS);
 /// How often a waiting NodeMaintenance re-checks for a free slot (reads the cache only).
 const REQUEUE_PENDING: Duration = Duration::from_secs(2);
+/// Upper bound of one reconcile (upstream bounds one drain attempt by 30 s).
+const RECONCILE_TIMEOUT: Duration = Duration::from_secs(shared::consts::DRAIN_ATTEMPT_TIMEOUT_SECS);
 /// How often a finished maintenance renews its one-hour lease and re-checks the node.
 const REQUEUE_HOLD: Duration = Duration::from_secs(30 * 60);
 
@@ -60,6 +62,10 @@ pub enum Error {
     Pods(#[from] drain::ListPodsError),
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    #[error(
+        "reconcile took longer than {0:?} (the API server is slow or a request hung); retrying"
+    )]
+    Timeout(Duration),
     #[error("finalizer {FINALIZER}: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
 }
@@ -89,6 +95,7 @@ impl Error {
             Error::Pods(_) => "pods",
             Error::Lease(_) => "lease",
             Error::Finalizer(_) => "finalizer",
+            Error::Timeout(_) => "timeout",
         }
     }
 }
@@ -108,14 +115,25 @@ pub struct Ctx {
 pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let started = Instant::now();
     let api: Api<NodeMaintenance> = Api::all(ctx.client.clone());
-    let result = finalizer(&api, FINALIZER, nm.clone(), |event| async {
-        match event {
-            FinalizerEvent::Apply(nm) => apply(&nm, &ctx).await,
-            FinalizerEvent::Cleanup(nm) => cleanup(&nm, &ctx).await,
-        }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
+    // kube's client waits up to 295 s on a request (sized for watches); one
+    // hung request must not hold this NodeMaintenance for minutes. Every step
+    // is idempotent and status writes are version-checked, so cutting a
+    // reconcile short and retrying is safe.
+    let bounded = tokio::time::timeout(
+        RECONCILE_TIMEOUT,
+        finalizer(&api, FINALIZER, nm.clone(), |event| async {
+            match event {
+                FinalizerEvent::Apply(nm) => apply(&nm, &ctx).await,
+                FinalizerEvent::Cleanup(nm) => cleanup(&nm, &ctx).await,
+            }
+        }),
+    )
+    .await;
+    let result = match bounded {
+        Ok(Ok(action)) => Ok(action),
+        Ok(Err(e)) => Err(Error::Finalizer(Box::new(e))),
+        Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
+    };
     let label = match &result {
         Ok(a) if *a == Action::await_change() => "success",
         Ok(_) => "requeue_after",
