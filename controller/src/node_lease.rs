@@ -64,11 +64,14 @@ impl NodeLeases {
     /// Take, renew or keep the lease of `node` for us.
     pub async fn request(&self, node: &Node) -> Result<(), LeaseError> {
         let name = lease_name(&node.name_any());
-        let now = Timestamp::now();
         let existing = match self.api().get_opt(&name).await {
             Ok(l) => l,
             Err(e) => return Err(self.err("read", &name, e)),
         };
+        // The clock is read after the lease: taken before, a renewal that lands
+        // in between would look "renewed in the future", which the rules treat
+        // as invalid, and we would take over a lease that is really held.
+        let now = Timestamp::now();
         let Some(mut lease) = existing else {
             return self.create(node, &name, now).await;
         };
