@@ -55,22 +55,54 @@ pub async fn apply_file(client: &Client, rel: &str) -> anyhow::Result<()> {
         .with_context(|| format!("applying {}", path.display()))
 }
 
-/// The CRD, the namespace and the controller's RBAC: what every controller test needs.
-pub async fn install_controller_prereqs(client: &Client) -> anyhow::Result<()> {
-    apply_file(
-        client,
-        "manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml",
-    )
-    .await?;
-    apply_yaml(
-        client,
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: nmo-system\n",
-    )
-    .await?;
-    apply_file(client, "manifests/controller/rbac.yaml").await?;
+/// The CRD, namespace nmo-system and the given RBAC files, then wait for the
+/// CRD to be established. Tests running in parallel apply the same objects at
+/// the same moment and can get a conflict: each apply is retried until it holds.
+pub async fn install_prereqs(client: &Client, rbac_files: &[&str]) -> anyhow::Result<()> {
+    use crate::wait::{Poll, until};
+    let mut docs = vec![
+        (
+            "the NodeMaintenance CRD".to_string(),
+            read("manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml")?,
+        ),
+        (
+            "namespace nmo-system".to_string(),
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: nmo-system\n".to_string(),
+        ),
+    ];
+    for f in rbac_files {
+        docs.push((f.to_string(), read(f)?));
+    }
+    for (what, yaml) in &docs {
+        until(
+            &format!("{what} to be applied"),
+            std::time::Duration::from_secs(30),
+            || async {
+                Ok(match apply_yaml(client, yaml).await {
+                    Ok(()) => Poll::Ready(()),
+                    Err(e) => Poll::Pending(format!("{e:#}")),
+                })
+            },
+        )
+        .await?;
+    }
     wait_crd_established(client).await
 }
 
+fn read(rel: &str) -> anyhow::Result<String> {
+    let path = crate::repo_root().join(rel);
+    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// What every controller test needs.
+pub async fn install_controller_prereqs(client: &Client) -> anyhow::Result<()> {
+    install_prereqs(client, &["manifests/controller/rbac.yaml"]).await
+}
+
+/// What every webhook test needs.
+pub async fn install_webhook_prereqs(client: &Client) -> anyhow::Result<()> {
+    install_prereqs(client, &["manifests/webhook/rbac.yaml"]).await
+}
 async fn wait_crd_established(client: &Client) -> anyhow::Result<()> {
     use crate::wait::{Poll, until};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -151,53 +151,12 @@ fn allowed(r: &Result<(), (u16, String)>) -> bool {
     r.is_ok()
 }
 
-/// CRD, namespace and the webhook's RBAC. Tests applying the same objects at
-/// the same moment can get a conflict from the API server: retry until applied.
+/// CRD, namespace and the webhook's RBAC (shared installer, retried when
+/// parallel tests race on the same objects).
 async fn install_prereqs(client: &Client) {
-    for (what, yaml) in [
-        (
-            "the NodeMaintenance CRD",
-            include_str!("../../manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml"),
-        ),
-        (
-            "namespace nmo-system",
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: nmo-system\n",
-        ),
-        (
-            "the webhook's RBAC",
-            include_str!("../../manifests/webhook/rbac.yaml"),
-        ),
-    ] {
-        until(&format!("{what} to be applied"), SHORT, || async {
-            Ok(match nmo_tests::manifests::apply_yaml(client, yaml).await {
-                Ok(()) => Poll::Ready(()),
-                Err(e) => Poll::Pending(format!("{e:#}")),
-            })
-        })
+    nmo_tests::manifests::install_webhook_prereqs(client)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
-    }
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    until(
-        "the NodeMaintenance CRD to be established",
-        SHORT,
-        || async {
-            let crd = crds
-                .get("nodemaintenances.nodemaintenance.medik8s.io")
-                .await?;
-            let ok = crd.status.and_then(|s| s.conditions).is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-            Ok(if ok {
-                Poll::Ready(())
-            } else {
-                Poll::Pending("not established".into())
-            })
-        },
-    )
-    .await
-    .expect("CRD established");
 }
 
 // ---------------------------------------------------------------- the webhook process
