@@ -109,9 +109,10 @@ pub fn msg_node_missing(node: &str) -> String {
 /// OpenShift detection: API discovery offers this group/version.
 pub const OPENSHIFT_CONFIG_GROUP: &str = "config.openshift.io";
 pub const OPENSHIFT_CONFIG_VERSION: &str = "v1";
-/// Where OpenShift keeps the etcd quorum guard.
+/// Where OpenShift keeps the etcd quorum guard: a PodDisruptionBudget named
+/// `etcd-guard-pdb` (OpenShift 4.11+) or `etcd-quorum-guard` (before). Like
+/// upstream, the rule counts every PDB in this namespace, whatever its name.
 pub const ETCD_NAMESPACE: &str = "openshift-etcd";
-pub const ETCD_GUARD_PDB_NAMES: [&str; 2] = ["etcd-guard-pdb", "etcd-quorum-guard"];
 
 /// Certificate file names: OLM and cert-manager layouts.
 pub const OLM_CERT_DIR: &str = "/apiserver.local.config/certificates";
