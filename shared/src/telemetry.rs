@@ -20,8 +20,9 @@ pub struct RuntimeFlags {
     #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
     pub health_probe_bind_address: String,
 
-    /// Enable HTTP/2 on TLS servers. Off by default to sidestep the HTTP/2
-    /// rapid-reset CVEs (CVE-2023-44487, CVE-2023-39325).
+    /// Enable HTTP/2 on TLS servers (the webhook's admission port; the controller
+    /// serves no TLS and accepts the flag for compatibility). Off by default to
+    /// sidestep the HTTP/2 rapid-reset CVEs (CVE-2023-44487, CVE-2023-39325).
     #[arg(long, env = "ENABLE_HTTP2", default_value_t = false)]
     pub enable_http2: bool,
 
