@@ -31,9 +31,11 @@ use crate::reconcile::{Ctx, error_policy, reconcile};
 #[tokio::main]
 async fn main() {
     let cfg = Config::parse();
-    init_logging(cfg.runtime.zap_level);
+    let mut log = init_logging(cfg.runtime.zap_level);
     if let Err(e) = run(cfg).await {
         tracing::error!(error = format!("{e:#}"), "nmo-controller stopped");
+        // process::exit skips destructors: write the queued lines first.
+        log.flush();
         std::process::exit(1);
     }
 }

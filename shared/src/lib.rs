@@ -8,6 +8,7 @@
 pub mod consts;
 pub mod crd;
 pub mod lease;
+pub mod logwriter;
 pub mod nodes;
 pub mod probes;
 pub mod quorum;

@@ -55,10 +55,29 @@ impl ZapLevel {
     }
 }
 
+/// Keeps the log writer thread alive; dropping it writes every line still
+/// buffered. Hold it in `main` until the process is about to exit.
+#[must_use = "dropping the guard stops the log writer; keep it until exit"]
+pub struct LogGuard(Option<crate::logwriter::WriterGuard>);
+
+impl LogGuard {
+    /// Write what is buffered and stop the writer thread (also done on drop);
+    /// later lines are written directly.
+    pub fn flush(&mut self) {
+        if let Some(g) = self.0.as_mut() {
+            g.finish();
+        }
+    }
+}
+
 /// Install the global JSON log subscriber. Our crates log at the chosen level;
 /// dependencies (hyper, rustls, kube internals) one step quieter unless debugging.
 /// `RUST_LOG`, when set, overrides everything.
-pub fn init_logging(level: ZapLevel) {
+///
+/// Lines are formatted where they are logged and written to stderr in batches
+/// by a writer thread (see [`crate::logwriter`]): a request path does not wait
+/// on log I/O, and nothing is dropped.
+pub fn init_logging(level: ZapLevel) -> LogGuard {
     let lvl = level.directive();
     let deps = if level == ZapLevel::Debug {
         "info"
@@ -70,15 +89,22 @@ pub fn init_logging(level: ZapLevel) {
             "{deps},nmo_controller={lvl},nmo_webhook={lvl},shared={lvl},kube_runtime={deps}"
         ))
     });
-    let _ = tracing_subscriber::fmt()
+    let (writer, guard) = crate::logwriter::batched(
+        std::io::stderr(),
+        crate::logwriter::DEFAULT_BATCH_DELAY,
+        crate::logwriter::DEFAULT_MAX_BUFFERED,
+    );
+    let installed = tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
         .with_current_span(false)
         .with_span_list(false)
         .with_target(true)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_env_filter(filter)
         .try_init();
+    // A second call (tests) keeps the first subscriber; its guard stays alive.
+    LogGuard(installed.is_ok().then_some(guard))
 }
 
 /// Errors in a bind address flag.

@@ -23,7 +23,8 @@
 # Files: pid .cluster/pids/webhook.pid, log .cluster/logs/webhook.log (the previous
 # run's log in .cluster/logs/previous/). Ports (override with the env variables):
 # TLS 9443 [NMO_WEBHOOK_PORT], metrics 18080 [NMO_WEBHOOK_METRICS_PORT], probes
-# 18081 [NMO_WEBHOOK_PROBE_PORT].
+# 18081 [NMO_WEBHOOK_PROBE_PORT]. Serving threads: NMO_WEBHOOK_WORKER_THREADS
+# (default 0: one per usable CPU).
 #
 # The token lives 24 h: run this again to refresh it. While the webhook restarts
 # the API server rejects NodeMaintenance creates and updates (failurePolicy Fail),
@@ -191,6 +192,7 @@ cmd=(
   --cert-dir "$CERTS/webhook"
   --kubeconfig "$WEBHOOK_KUBECONFIG"
   --openshift "${NMO_WEBHOOK_OPENSHIFT:-auto}"
+  --worker-threads "${NMO_WEBHOOK_WORKER_THREADS:-0}"
 )
 printf '%q ' "${cmd[@]}" >"$PIDS/webhook.cmd"
 log "starting the webhook on https://127.0.0.1:$WEBHOOK_PORT (log: $LOG_FILE)"

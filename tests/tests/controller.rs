@@ -903,10 +903,16 @@ async fn leader_election_one_active_replica_and_takeover() {
         .await
         .expect("delete");
     env.wait_gone(&env.n("a")).await;
-    assert!(
-        standby.log_text().contains("became leader"),
-        "standby took over"
-    );
+    // Log lines reach the file a few milliseconds after they are logged.
+    until("the standby logs its takeover", LONG, || async {
+        Ok(if standby.log_text().contains("became leader") {
+            Poll::Ready(())
+        } else {
+            Poll::Pending("no \"became leader\" line yet".into())
+        })
+    })
+    .await
+    .expect("standby took over");
     let new_holder = leases
         .get(&lease_name)
         .await

@@ -555,13 +555,34 @@ async fn validates_creates_and_updates_through_the_api_server() {
         ) >= 5.0,
         "{text}"
     );
-    // One structured log line per decision.
-    let log = wh.proc.log_text();
-    let line = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["message"] == "admission decision" && v["reason"] == "duplicate")
-        .unwrap_or_else(|| panic!("no decision log line for the duplicate:\n{log}"));
+    // The fine-grained duration histogram sees every review the upstream one sees.
+    let upstream = metric(
+        &text,
+        "controller_runtime_webhook_latency_seconds_count",
+        &[("webhook", WEBHOOK_PATH)],
+    );
+    let fine = metric(&text, "nmo_webhook_review_duration_seconds_count", &[]);
+    assert!(
+        upstream >= 5.0 && fine == upstream,
+        "review duration count {fine}, upstream latency count {upstream}:\n{text}"
+    );
+    // One structured log line per decision (written a few milliseconds after
+    // the decision: log lines go out in batches).
+    let line = until("the decision log line for the duplicate", SHORT, || async {
+        let log = wh.proc.log_text();
+        Ok(
+            match log
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|v| v["message"] == "admission decision" && v["reason"] == "duplicate")
+            {
+                Some(line) => Poll::Ready(line),
+                None => Poll::Pending(format!("log so far:\n{log}")),
+            },
+        )
+    })
+    .await
+    .expect("decision log line");
     for field in [
         "uid",
         "user",

@@ -71,6 +71,12 @@ pub struct Config {
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Threads serving reviews. 0 (the default) sizes the pool from the CPUs the
+    /// process may use, which honours the container's CPU limit (a 200m limit
+    /// gives one thread: more threads than CPU quota only add throttling).
+    #[arg(long, env = "WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
+
     /// Reviews processed at once; more wait up to --request-timeout, then get 429.
     #[arg(long, env = "MAX_CONCURRENT_REVIEWS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_reviews: u32,

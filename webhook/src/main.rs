@@ -5,11 +5,23 @@ use std::process::ExitCode;
 use clap::Parser;
 use nmo_webhook::config::Config;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let config = Config::parse();
-    shared::telemetry::init_logging(config.runtime.zap_level);
-    match nmo_webhook::run(config).await {
+    // Dropped at the end of main: flushes queued log lines before exit.
+    let _log = shared::telemetry::init_logging(config.runtime.zap_level);
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if config.worker_threads > 0 {
+        builder.worker_threads(config.worker_threads);
+    }
+    let runtime = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, worker_threads = config.worker_threads,
+                "nmo-webhook cannot start its runtime; check --worker-threads and the process limits");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(nmo_webhook::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "nmo-webhook failed to start");

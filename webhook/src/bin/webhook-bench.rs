@@ -69,10 +69,26 @@ struct Args {
     /// Unmeasured warm-up per level (connections, caches, allocator).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     warmup: Duration,
+    /// The webhook's /metrics, read before and after each level for the
+    /// server-side review duration (nmo_webhook_review_duration_seconds).
+    /// Empty: skip.
+    #[arg(
+        long,
+        env = "BENCH_METRICS_URL",
+        default_value = "http://127.0.0.1:18080/metrics"
+    )]
+    metrics_url: String,
+    /// Before the load, spin one thread this long and report how steady the
+    /// CPU is (speed of 10 ms windows against their median): on shared or
+    /// throttled hosts that, not the webhook, sets the latency tail. 0: skip.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    cpu_probe: Duration,
 }
 
 struct LevelResult {
     concurrency: usize,
+    /// Server-side review duration quantiles (p50, p99) in ms, when /metrics was read.
+    server: Option<(f64, f64)>,
     reviews: usize,
     errors: usize,
     elapsed: Duration,
@@ -86,6 +102,103 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
     }
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     f64::from(sorted[idx.min(sorted.len() - 1)]) / 1000.0
+}
+
+const REVIEW_DURATION: &str = "nmo_webhook_review_duration_seconds_bucket";
+
+/// Cumulative buckets (upper bound, count) of the webhook's review duration
+/// histogram, read from its /metrics over plain HTTP; None when unreachable.
+async fn review_buckets(url: &str) -> Option<Vec<(f64, f64)>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://")?;
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, "metrics"));
+    let mut stream = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect(authority),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let request = format!("GET /{path} HTTP/1.0\r\nHost: {authority}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text))
+        .await
+        .ok()?
+        .ok()?;
+    let buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with(REVIEW_DURATION))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            let count = l.rsplit(' ').next()?.parse().ok()?;
+            Some((le, count))
+        })
+        .collect();
+    (!buckets.is_empty()).then_some(buckets)
+}
+
+/// Quantile of cumulative buckets by linear interpolation inside the bucket,
+/// as Prometheus' histogram_quantile does; None without observations.
+fn bucket_quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let (mut lower, mut below) = (0.0, 0.0);
+    for &(le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(lower);
+            }
+            let inside = count - below;
+            let frac = if inside > 0.0 {
+                (rank - below) / inside
+            } else {
+                1.0
+            };
+            return Some(lower + (le - lower) * frac);
+        }
+        lower = le;
+        below = count;
+    }
+    Some(lower)
+}
+
+/// Spin for `dur` in 10 ms windows and compare each window's work with the
+/// median: (median-relative speed of the slowest window, share of windows
+/// below half speed).
+fn cpu_steadiness(dur: Duration) -> (f64, f64) {
+    let window = Duration::from_millis(10);
+    let mut counts = Vec::new();
+    let start = Instant::now();
+    let mut x = 1u64;
+    while start.elapsed() < dur {
+        let end = Instant::now() + window;
+        let mut n = 0u64;
+        while Instant::now() < end {
+            for _ in 0..1000 {
+                x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+            }
+            n += 1;
+        }
+        counts.push(n);
+    }
+    let mut sorted = counts.clone();
+    sorted.sort_unstable();
+    let median = sorted[sorted.len() / 2].max(1) as f64;
+    let slowest = sorted[0] as f64 / median;
+    let slow = counts
+        .iter()
+        .filter(|&&c| (c as f64) < median / 2.0)
+        .count();
+    (slowest, slow as f64 / counts.len().max(1) as f64)
 }
 
 fn memory(pid: u32) -> Option<(u64, u64)> {
@@ -191,8 +304,16 @@ async fn run_level(args: Arc<Args>, concurrency: usize) -> Result<LevelResult, S
             stop,
         )));
     }
+    let before = {
+        let url = args.metrics_url.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(measure_from.into()).await;
+            review_buckets(&url).await
+        })
+    };
     let mut result = LevelResult {
         concurrency,
+        server: None,
         reviews: 0,
         errors: 0,
         elapsed: args.duration,
@@ -208,6 +329,18 @@ async fn run_level(args: Arc<Args>, concurrency: usize) -> Result<LevelResult, S
     }
     result.latencies_us.sort_unstable();
     result.send_lag_us.sort_unstable();
+    if let (Ok(Some(b)), Some(a)) = (before.await, review_buckets(&args.metrics_url).await) {
+        let delta: Vec<(f64, f64)> = a
+            .iter()
+            .zip(b.iter())
+            .map(|((le, n_after), (_, n_before))| (*le, n_after - n_before))
+            .collect();
+        if let (Some(p50), Some(p99)) =
+            (bucket_quantile(&delta, 0.50), bucket_quantile(&delta, 0.99))
+        {
+            result.server = Some((p50 * 1000.0, p99 * 1000.0));
+        }
+    }
     Ok(result)
 }
 
@@ -261,6 +394,21 @@ fn main() -> ExitCode {
             hwm as f64 / 1024.0
         );
     }
+    if let Some(pid) = args.pid {
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            println!("webhook threads: {} (pid {pid})", tasks.count());
+        }
+    }
+    if !args.cpu_probe.is_zero() {
+        let (slowest, share) = cpu_steadiness(args.cpu_probe);
+        println!(
+            "host CPU steadiness over {:?}: slowest 10 ms window ran at {:.0}% of the median speed; \
+             {:.1}% of windows below half speed",
+            args.cpu_probe,
+            slowest * 100.0,
+            share * 100.0
+        );
+    }
     println!(
         "{:>11} {:>8} {:>10} {:>12} {:>9} {:>9} {:>9} {:>9} {:>7}",
         "concurrency",
@@ -291,6 +439,12 @@ fn main() -> ExitCode {
                     percentile(l, 1.0),
                     r.errors
                 );
+                if let Some((p50, p99)) = r.server {
+                    println!(
+                        "{:>11} inside the webhook (handler, from its /metrics): p50 {p50:.3} ms, p99 {p99:.3} ms",
+                        ""
+                    );
+                }
                 if args.rate.is_some() {
                     println!(
                         "{:>11} client send lag behind schedule: p50 {:.3} ms, p99 {:.3} ms (not part of the latency above)",
@@ -326,5 +480,28 @@ fn main() -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket_quantile;
+
+    #[test]
+    fn quantiles_interpolate_inside_the_bucket() {
+        let b = [(0.001, 50.0), (0.002, 100.0), (f64::INFINITY, 100.0)];
+        let near = |a: Option<f64>, e: f64| a.is_some_and(|a| (a - e).abs() < 1e-9);
+        assert!(near(bucket_quantile(&b, 0.5), 0.001));
+        assert!(near(bucket_quantile(&b, 0.75), 0.0015));
+        assert!(near(bucket_quantile(&b, 0.99), 0.00198));
+        assert_eq!(
+            bucket_quantile(&[(0.001, 0.0), (f64::INFINITY, 0.0)], 0.5),
+            None
+        );
+        // Everything above the last finite bound: that bound is the answer.
+        assert!(near(
+            bucket_quantile(&[(0.001, 0.0), (f64::INFINITY, 4.0)], 0.5),
+            0.001
+        ));
     }
 }

@@ -1,0 +1,285 @@
+//! Batched log output: log lines are appended to a shared buffer where they are
+//! logged, and a writer thread writes the buffer out a few milliseconds after
+//! it stops being empty, one `write` for many lines.
+//!
+//! Why not one write per line: the webhook logs one line per admission
+//! decision, so at tens of thousands of reviews per second a write (or a
+//! channel wake-up of a writer thread) per line costs more than the review
+//! itself. Here a burst of lines costs one wake-up and one write.
+//! Nothing is dropped: above `max_buffered` bytes (the output is stuck or very
+//! slow) the logging thread writes the buffer itself and so waits for the
+//! output, as a plain write would. Lines keep their order.
+
+use std::io::{self, Write};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long the writer collects lines after the first one of a batch arrives.
+pub const DEFAULT_BATCH_DELAY: Duration = Duration::from_millis(5);
+/// Bytes held before logging waits for the output.
+pub const DEFAULT_MAX_BUFFERED: usize = 4 << 20;
+
+type Sink = Box<dyn Write + Send>;
+
+struct State {
+    buf: Vec<u8>,
+    writer_waiting: bool,
+    closing: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    // Held by whoever writes to the sink, taken while `state` is held, so
+    // batches reach the sink in the order their lines were logged.
+    sink: Mutex<Sink>,
+    max_buffered: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain bytes behind: keep going.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    /// Write `bytes` to the sink, ignoring errors: there is nowhere left to
+    /// report a failing log output.
+    fn write_out(sink: &mut Sink, bytes: &[u8]) {
+        let _ = sink.write_all(bytes);
+        let _ = sink.flush();
+    }
+
+    fn append(&self, line: &[u8]) {
+        let mut st = lock(&self.state);
+        if st.closing {
+            // The writer thread is gone: write through, after what is queued.
+            let pending = std::mem::take(&mut st.buf);
+            let mut sink = lock(&self.sink);
+            drop(st);
+            Self::write_out(&mut sink, &pending);
+            Self::write_out(&mut sink, line);
+            return;
+        }
+        st.buf.extend_from_slice(line);
+        if st.buf.len() >= self.max_buffered {
+            // Back-pressure: the output does not keep up; write it here.
+            let full = std::mem::take(&mut st.buf);
+            let mut sink = lock(&self.sink);
+            drop(st);
+            Self::write_out(&mut sink, &full);
+            return;
+        }
+        if st.writer_waiting {
+            st.writer_waiting = false;
+            self.wake.notify_one();
+        }
+    }
+
+    fn run_writer(&self, batch_delay: Duration) {
+        let mut spare: Vec<u8> = Vec::new();
+        loop {
+            let mut st = lock(&self.state);
+            while st.buf.is_empty() && !st.closing {
+                st.writer_waiting = true;
+                st = self.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
+            }
+            st.writer_waiting = false;
+            if st.buf.is_empty() && st.closing {
+                return;
+            }
+            // Let the batch fill up: lines logged meanwhile cost no wake-up
+            // (appends only notify a writer that waits for a first line).
+            // Closing cuts the wait short.
+            let deadline = Instant::now() + batch_delay;
+            while !st.closing {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                st = self
+                    .wake
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            spare.clear();
+            std::mem::swap(&mut st.buf, &mut spare);
+            let mut sink = lock(&self.sink);
+            drop(st);
+            Self::write_out(&mut sink, &spare);
+        }
+    }
+}
+
+/// The writer handed to the log subscriber; cheap to clone.
+#[derive(Clone)]
+pub struct BatchWriter(Arc<Shared>);
+
+/// Stops the writer thread when dropped (or on [`WriterGuard::finish`]),
+/// after every buffered line has been written.
+pub struct WriterGuard {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl WriterGuard {
+    /// Write what is buffered and stop the writer thread. Later lines are
+    /// written directly.
+    pub fn finish(&mut self) {
+        {
+            let mut st = lock(&self.shared.state);
+            st.closing = true;
+            self.shared.wake.notify_one();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for WriterGuard {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Start a writer thread for `sink`. If the thread cannot be started, lines
+/// are written directly (no batching) and nothing is lost.
+pub fn batched(
+    sink: impl Write + Send + 'static,
+    batch_delay: Duration,
+    max_buffered: usize,
+) -> (BatchWriter, WriterGuard) {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            buf: Vec::with_capacity(64 << 10),
+            writer_waiting: false,
+            closing: false,
+        }),
+        wake: Condvar::new(),
+        sink: Mutex::new(Box::new(sink)),
+        max_buffered: max_buffered.max(1),
+    });
+    let worker = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name("nmo-log-writer".into())
+        .spawn(move || worker.run_writer(batch_delay))
+        .ok();
+    if thread.is_none() {
+        lock(&shared.state).closing = true;
+    }
+    (BatchWriter(shared.clone()), WriterGuard { shared, thread })
+}
+
+impl Write for BatchWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.append(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for BatchWriter {
+    type Writer = BatchWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sink that records each write call separately.
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<Vec<u8>>>>);
+
+    impl Write for Recorder {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            lock(&self.0).push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Recorder {
+        fn text(&self) -> String {
+            String::from_utf8(lock(&self.0).concat()).expect("utf8")
+        }
+        fn writes(&self) -> usize {
+            lock(&self.0).len()
+        }
+    }
+
+    fn lines(n: usize) -> String {
+        (0..n).map(|i| format!("line {i}\n")).collect()
+    }
+
+    #[test]
+    fn lines_arrive_in_order_in_few_writes_and_all_by_finish() {
+        let rec = Recorder::default();
+        let (mut w, mut guard) = batched(rec.clone(), Duration::from_millis(50), 1 << 20);
+        for i in 0..1000 {
+            w.write_all(format!("line {i}\n").as_bytes())
+                .expect("write");
+        }
+        guard.finish();
+        assert_eq!(rec.text(), lines(1000));
+        assert!(
+            rec.writes() < 10,
+            "1000 lines logged within the batch delay took {} writes",
+            rec.writes()
+        );
+    }
+
+    #[test]
+    fn a_full_buffer_is_written_by_the_logging_thread_without_loss() {
+        let rec = Recorder::default();
+        // Batches never leave the writer thread within the test (1 h delay):
+        // everything that reaches the sink before finish went through the
+        // back-pressure path.
+        let (mut w, mut guard) = batched(rec.clone(), Duration::from_secs(3600), 64);
+        for i in 0..100 {
+            w.write_all(format!("line {i}\n").as_bytes())
+                .expect("write");
+        }
+        assert!(rec.writes() > 0, "a full buffer must be written at once");
+        drop(w);
+        // finish does not wait for the batch delay.
+        guard.finish();
+        assert_eq!(rec.text(), lines(100));
+    }
+
+    #[test]
+    fn lines_after_finish_are_written_directly() {
+        let rec = Recorder::default();
+        let (mut w, mut guard) = batched(rec.clone(), DEFAULT_BATCH_DELAY, 1 << 20);
+        w.write_all(b"before\n").expect("write");
+        guard.finish();
+        w.write_all(b"after\n").expect("write");
+        assert_eq!(rec.text(), "before\nafter\n");
+    }
+
+    #[test]
+    fn a_lone_line_is_written_without_waiting_for_more() {
+        let rec = Recorder::default();
+        let (mut w, _guard) = batched(rec.clone(), Duration::from_millis(1), 1 << 20);
+        w.write_all(b"only\n").expect("write");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while rec.text() != "only\n" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "line not written within 10 s; sink holds {:?}",
+                rec.text()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
