@@ -77,15 +77,17 @@ plane_healthy() {
 
 # ---- fresh start helpers
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# pick_port VAR BASE: the first port at or above BASE that is free and not
+# picked already in this run, into VAR (no subshell, so `picked` persists).
 picked=" "
 pick_port() {
-  local p=$1
+  local var=$1 p=$2
   while port_in_use "$p" || [[ "$picked" == *" $p "* ]]; do
     p=$((p + 1))
-    [ "$p" -lt $(($1 + 200)) ] || die "no free port in $1..$p"
+    [ "$p" -lt $(($2 + 200)) ] || die "no free port in $2..$p"
   done
   picked+="$p "
-  echo "$p"
+  printf -v "$var" '%s' "$p"
 }
 
 # issue NAME SUBJECT USAGE [SAN]: an EC P-256 key and a certificate signed by our CA.
@@ -231,12 +233,12 @@ fresh_start() {
   mkdir -p "$CLUSTER_DIR/data" "$PIDS" "$LOGS" "$CLUSTER_DIR/bin"
   ln -sfn "$BIN/kubectl" "$CLUSTER_DIR/bin/kubectl"
 
-  ETCD_PORT="$(pick_port "${NMO_ETCD_PORT:-22379}")"
-  ETCD_PEER_PORT="$(pick_port "${NMO_ETCD_PEER_PORT:-22380}")"
-  API_PORT="$(pick_port "${NMO_API_PORT:-26443}")"
-  KCM_PORT="$(pick_port "${NMO_KCM_PORT:-20257}")"
-  SCHED_PORT="$(pick_port "${NMO_SCHED_PORT:-20259}")"
-  KWOK_PORT="$(pick_port "${NMO_KWOK_PORT:-20247}")"
+  pick_port ETCD_PORT "${NMO_ETCD_PORT:-22379}"
+  pick_port ETCD_PEER_PORT "${NMO_ETCD_PEER_PORT:-22380}"
+  pick_port API_PORT "${NMO_API_PORT:-26443}"
+  pick_port KCM_PORT "${NMO_KCM_PORT:-20257}"
+  pick_port SCHED_PORT "${NMO_SCHED_PORT:-20259}"
+  pick_port KWOK_PORT "${NMO_KWOK_PORT:-20247}"
   log "ports: etcd $ETCD_PORT (peer $ETCD_PEER_PORT), kube-apiserver $API_PORT," \
     "kube-controller-manager $KCM_PORT, kube-scheduler $SCHED_PORT, kwok $KWOK_PORT"
 

@@ -15,10 +15,60 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use nmo_webhook::client::{ReviewClient, create_review, parse_response, tls_config};
 use nmo_webhook::config::parse_duration;
 use shared::consts::WEBHOOK_PATH;
+
+mod raw;
+
+/// How the bench speaks HTTP/1.1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ClientKind {
+    /// Hand-framed requests and responses: little client CPU per review.
+    Raw,
+    /// hyper's HTTP/1.1 client (a cross-check of the raw client).
+    Hyper,
+}
+
+/// One keep-alive connection of either kind.
+enum Conn {
+    Raw(Box<raw::RawConn>),
+    Hyper(ReviewClient),
+}
+
+impl Conn {
+    async fn connect(
+        kind: ClientKind,
+        args: &Args,
+        tls: Arc<nmo_webhook::client::ClientConfig>,
+    ) -> Result<Self, String> {
+        Ok(match kind {
+            ClientKind::Raw => Conn::Raw(Box::new(
+                raw::RawConn::connect(args.addr, &args.server_name, tls).await?,
+            )),
+            ClientKind::Hyper => Conn::Hyper(
+                ReviewClient::connect(args.addr, &args.server_name, tls)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            ),
+        })
+    }
+
+    /// Send one review; Ok(true) for a 200 answer about `uid`.
+    async fn review(&mut self, head: &str, uid: &str, tail: &str) -> Result<bool, String> {
+        match self {
+            Conn::Raw(c) => c.review(WEBHOOK_PATH, head, uid, tail).await,
+            Conn::Hyper(c) => {
+                let (status, body) = c
+                    .post(WEBHOOK_PATH, format!("{head}{uid}{tail}"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(status.as_u16() == 200 && parse_response(&body).is_some_and(|r| r.0 == uid))
+            }
+        }
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -78,6 +128,9 @@ struct Args {
         default_value = "http://127.0.0.1:18080/metrics"
     )]
     metrics_url: String,
+    /// HTTP client: "raw" (lean, the default) or "hyper".
+    #[arg(long, value_enum, default_value = "raw")]
+    client: ClientKind,
     /// Before the load, spin one thread this long and report how steady the
     /// CPU is (speed of 10 ms windows against their median): on shared or
     /// throttled hosts that, not the webhook, sets the latency tail. 0: skip.
@@ -224,7 +277,7 @@ async fn worker(
     measure_from: Instant,
     stop: Instant,
 ) -> Result<(usize, usize, Vec<u32>, Vec<u32>), String> {
-    let mut c = ReviewClient::connect(args.addr, &args.server_name, tls.clone())
+    let mut c = Conn::connect(args.client, &args, tls.clone())
         .await
         .map_err(|e| format!("connection {id}: {e}"))?;
     // The body is built once; only the uid changes per review.
@@ -254,12 +307,10 @@ async fn worker(
         }
         n += 1;
         let uid = format!("bench-{id}-{n}");
-        let body = format!("{head}{uid}{tail}");
         let sent = Instant::now();
-        let answer = c.post(WEBHOOK_PATH, body).await;
+        let answer = c.review(head, &uid, tail).await;
         let took = sent.elapsed();
-        let good = matches!(&answer, Ok((s, b)) if s.as_u16() == 200
-            && parse_response(b).is_some_and(|r| r.0 == uid));
+        let good = matches!(answer, Ok(true));
         if sent >= measure_from {
             if good {
                 ok += 1;
@@ -272,7 +323,7 @@ async fn worker(
         }
         if answer.is_err() {
             // Reconnect rather than give up; the error is counted above.
-            c = ReviewClient::connect(args.addr, &args.server_name, tls.clone())
+            c = Conn::connect(args.client, &args, tls.clone())
                 .await
                 .map_err(|e| format!("reconnecting {id}: {e}"))?;
         }
@@ -380,11 +431,12 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "webhook-bench: {} (node {:?}), warm-up {:?} + {:?} per level, client on 1 thread, {} CPUs",
+        "webhook-bench: {} (node {:?}), warm-up {:?} + {:?} per level, {:?} client on 1 thread, {} CPUs",
         args.addr,
         args.node,
         args.warmup,
         args.duration,
+        args.client,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     if let Some((rss, hwm)) = args.pid.and_then(memory) {
