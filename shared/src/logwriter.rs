@@ -8,7 +8,9 @@
 //! itself. Here a burst of lines costs one wake-up and one write.
 //! Nothing is dropped: above `max_buffered` bytes (the output is stuck or very
 //! slow) the logging thread writes the buffer itself and so waits for the
-//! output, as a plain write would. Lines keep their order.
+//! output, as a plain write would. Lines keep their order. The cost: a process
+//! killed outright (SIGKILL, abort) loses the last few milliseconds of lines;
+//! a normal exit writes everything (the binaries hold the guard in `main`).
 
 use std::io::{self, Write};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
