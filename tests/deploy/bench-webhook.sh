@@ -28,8 +28,9 @@ if [ -z "${NMO_BENCH_SKIP_DEPLOY:-}" ]; then
 fi
 pid_file="$CLUSTER_DIR/pids/webhook.pid"
 [ -f "$pid_file" ] || { echo "[bench] ERROR: no webhook running ($pid_file missing); run make deploy-local" >&2; exit 1; }
-(cd "$REPO_ROOT" && cargo build --release -p nmo-webhook --bin webhook-bench) ||
-  { echo "[bench] ERROR: building webhook-bench failed (see above)" >&2; exit 1; }
+# Same command as deploy-local (one feature set, nothing rebuilt).
+(cd "$REPO_ROOT" && cargo build --release --workspace --bins) ||
+  { echo "[bench] ERROR: cargo build --release --workspace --bins failed (see above)" >&2; exit 1; }
 
 bench() {
   "$RELEASE_DIR/webhook-bench" \

@@ -46,7 +46,7 @@ if [ "${1:-}" = "--stop" ]; then
   exit 0
 fi
 
-[ -x "$BIN" ] || die "$BIN is missing: run 'cargo build --release -p nmo-controller' (make deploy-local does)"
+[ -x "$BIN" ] || die "$BIN is missing: run 'cargo build --release --workspace --bins' (make deploy-local does)"
 [ -f "$ADMIN_KUBECONFIG" ] || die "no local cluster ($ADMIN_KUBECONFIG missing): run 'make cluster-up'"
 mkdir -p "$(dirname "$PID_FILE")" "$(dirname "$LOG_FILE")"
 

@@ -58,8 +58,9 @@ say "Drain progress (the PDB lets one web pod go at a time)"
 deadline=$((SECONDS + 120)); last=""
 while :; do
   # drainProgress 0 is omitted from status (omitempty, as upstream): show it as 0.
+  # jsonpath prints no final newline, and read fails (set -e) without one: add it.
   IFS='|' read -r phase progress pending lasterr < <(K get nm "$NM" -o \
-    jsonpath='{.status.phase}|{.status.drainProgress}|{.status.pendingPods}|{.status.lastError}' 2>/dev/null || true)
+    jsonpath='{.status.phase}|{.status.drainProgress}|{.status.pendingPods}|{.status.lastError}' 2>/dev/null || true; echo)
   line="${phase:-<no status yet>} ${progress:-0}% pending=${pending:-[]} ${lasterr}"
   if [ "$line" != "$last" ]; then printf '  %s  %s\n' "$(date +%T)" "$line"; last="$line"; fi
   case "$line" in Succeeded*) break ;; Failed*) fail "maintenance failed: $line" ;; esac

@@ -111,16 +111,22 @@ fi
 [ $# -eq 0 ] || die "unknown argument '$1' (use no argument to deploy, --stop to stop)"
 
 # ---- build
-log "building release binaries (nmo-webhook, nmo-certs)"
-(cd "$REPO_ROOT" && cargo build --release -p nmo-webhook -p nmo-certs) ||
-  die "cargo build --release -p nmo-webhook -p nmo-certs failed (see above)"
+# One build of every binary with the workspace's feature set, the same command
+# make bench and make test use (release), so no script rebuilds what another
+# built with other features. NMO_DEPLOY_WEBHOOK_ONLY falls back to building the
+# webhook alone when the workspace does not build (a controller in mid-change).
+log "building release binaries (cargo build --release --workspace --bins)"
+if ! (cd "$REPO_ROOT" && cargo build --release --workspace --bins); then
+  [ -n "$WEBHOOK_ONLY" ] ||
+    die "cargo build --release --workspace --bins failed (see above); NMO_DEPLOY_WEBHOOK_ONLY=1 deploys the webhook alone"
+  log "the workspace does not build; building nmo-webhook and nmo-certs alone"
+  (cd "$REPO_ROOT" && cargo build --release -p nmo-webhook -p nmo-certs) ||
+    die "cargo build --release -p nmo-webhook -p nmo-certs failed (see above)"
+fi
 [ -x "$RELEASE_DIR/nmo-webhook" ] || die "$RELEASE_DIR/nmo-webhook missing after the build"
 [ -x "$RELEASE_DIR/nmo-certs" ] || die "$RELEASE_DIR/nmo-certs missing after the build"
-if [ -z "$WEBHOOK_ONLY" ]; then
-  log "building release binary nmo-controller"
-  (cd "$REPO_ROOT" && cargo build --release -p nmo-controller) ||
-    die "cargo build --release -p nmo-controller failed (see above); NMO_DEPLOY_WEBHOOK_ONLY=1 deploys the webhook alone"
-fi
+[ -n "$WEBHOOK_ONLY" ] || [ -x "$RELEASE_DIR/nmo-controller" ] ||
+  die "$RELEASE_DIR/nmo-controller missing after the build"
 
 # ---- cluster
 bash "$REPO_ROOT/tests/cluster/up.sh" || die "tests/cluster/up.sh failed (see above)"
