@@ -260,6 +260,39 @@ mod tests {
     }
 
     #[test]
+    fn lines_from_many_threads_stay_whole_and_in_order_per_thread() {
+        let rec = Recorder::default();
+        // A small buffer so both the writer thread and the back-pressure path
+        // write while the threads log.
+        let (w, mut guard) = batched(rec.clone(), Duration::from_millis(1), 4096);
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let mut w = w.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2000 {
+                        w.write_all(format!("thread {t} line {i}\n").as_bytes())
+                            .expect("write");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("logging thread");
+        }
+        guard.finish();
+        let text = rec.text();
+        for t in 0..4 {
+            let mine: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("thread {t} ")))
+                .collect();
+            let want: Vec<String> = (0..2000).map(|i| format!("thread {t} line {i}")).collect();
+            assert_eq!(mine, want, "thread {t}'s lines lost, torn or reordered");
+        }
+        assert_eq!(text.lines().count(), 8000);
+    }
+
+    #[test]
     fn lines_after_finish_are_written_directly() {
         let rec = Recorder::default();
         let (mut w, mut guard) = batched(rec.clone(), DEFAULT_BATCH_DELAY, 1 << 20);
