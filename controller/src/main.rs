@@ -35,7 +35,7 @@ async fn main() {
     if let Err(e) = run(cfg).await {
         tracing::error!(error = format!("{e:#}"), "nmo-controller stopped");
         // process::exit skips destructors: write the queued lines first.
-        log.flush();
+        log.finish();
         std::process::exit(1);
     }
 }

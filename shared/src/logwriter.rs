@@ -54,22 +54,14 @@ impl Shared {
 
     fn append(&self, line: &[u8]) {
         let mut st = lock(&self.state);
-        if st.closing {
-            // The writer thread is gone: write through, after what is queued.
-            let pending = std::mem::take(&mut st.buf);
-            let mut sink = lock(&self.sink);
-            drop(st);
-            Self::write_out(&mut sink, &pending);
-            Self::write_out(&mut sink, line);
-            return;
-        }
         st.buf.extend_from_slice(line);
-        if st.buf.len() >= self.max_buffered {
-            // Back-pressure: the output does not keep up; write it here.
-            let full = std::mem::take(&mut st.buf);
+        // Write here when the writer thread is gone (closing) or the output
+        // does not keep up (back-pressure); queued lines go first.
+        if st.closing || st.buf.len() >= self.max_buffered {
+            let out = std::mem::take(&mut st.buf);
             let mut sink = lock(&self.sink);
             drop(st);
-            Self::write_out(&mut sink, &full);
+            Self::write_out(&mut sink, &out);
             return;
         }
         if st.writer_waiting {
@@ -120,6 +112,7 @@ pub struct BatchWriter(Arc<Shared>);
 
 /// Stops the writer thread when dropped (or on [`WriterGuard::finish`]),
 /// after every buffered line has been written.
+#[must_use = "dropping the guard stops the log writer; keep it until exit"]
 pub struct WriterGuard {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,

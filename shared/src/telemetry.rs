@@ -55,20 +55,9 @@ impl ZapLevel {
     }
 }
 
-/// Keeps the log writer thread alive; dropping it writes every line still
-/// buffered. Hold it in `main` until the process is about to exit.
-#[must_use = "dropping the guard stops the log writer; keep it until exit"]
-pub struct LogGuard(Option<crate::logwriter::WriterGuard>);
-
-impl LogGuard {
-    /// Write what is buffered and stop the writer thread (also done on drop);
-    /// later lines are written directly.
-    pub fn flush(&mut self) {
-        if let Some(g) = self.0.as_mut() {
-            g.finish();
-        }
-    }
-}
+/// Keeps the log writer thread alive; dropping it (or `finish`) writes every
+/// line still buffered. Hold it in `main` until the process is about to exit.
+pub use crate::logwriter::WriterGuard as LogGuard;
 
 /// Install the global JSON log subscriber. Our crates log at the chosen level;
 /// dependencies (hyper, rustls, kube internals) one step quieter unless debugging.
@@ -94,7 +83,9 @@ pub fn init_logging(level: ZapLevel) -> LogGuard {
         crate::logwriter::DEFAULT_BATCH_DELAY,
         crate::logwriter::DEFAULT_MAX_BUFFERED,
     );
-    let installed = tracing_subscriber::fmt()
+    // A second call (tests) keeps the first subscriber; this writer then
+    // simply goes unused.
+    let _ = tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
         .with_current_span(false)
@@ -103,8 +94,7 @@ pub fn init_logging(level: ZapLevel) -> LogGuard {
         .with_writer(writer)
         .with_env_filter(filter)
         .try_init();
-    // A second call (tests) keeps the first subscriber; its guard stays alive.
-    LogGuard(installed.is_ok().then_some(guard))
+    guard
 }
 
 /// Errors in a bind address flag.

@@ -74,7 +74,6 @@ struct Inner {
     permits: Semaphore,
     // Resolved once: label lookups are not free on the hot path.
     latency: Histogram,
-    duration: Histogram,
     in_flight: IntGauge,
     ok_total: IntCounter,
 }
@@ -88,10 +87,8 @@ impl AppState {
         let ok_total = metrics
             .requests_total
             .with_label_values(&["200", WEBHOOK_PATH]);
-        let duration = metrics.review_duration_seconds.clone();
         AppState(Arc::new(Inner {
             lookups,
-            duration,
             permits: Semaphore::new(limits.max_concurrent_reviews),
             metrics,
             limits,
@@ -125,7 +122,7 @@ async fn review_handler(State(st): State<AppState>, req: Request) -> Response {
     }
     let took = start.elapsed().as_secs_f64();
     st.0.latency.observe(took);
-    st.0.duration.observe(took);
+    st.0.metrics.review_duration_seconds.observe(took);
     resp
 }
 
