@@ -1,13 +1,16 @@
-//! Command line of the controller. Every flag can also come from the environment.
+//! Command line of the controller, in Go's flag syntax (upstream's Deployment
+//! arguments work as they are). Every flag can also come from the environment.
 
-use clap::Parser;
+use clap::{ArgAction, Parser};
 use shared::consts::LEADER_ELECTION_LEASE_NAME;
+use shared::goflags::go_bool;
 use shared::telemetry::RuntimeFlags;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "nmo-controller",
-    version,
+    version = shared::version::VERSION,
+    args_override_self = true,
     about = "Reconciles NodeMaintenance objects: takes the node's medik8s lease, excludes it from \
              remediation, cordons and taints it, drains it through the Eviction API, and gives it \
              back when the NodeMaintenance is deleted."
@@ -17,15 +20,18 @@ pub struct Config {
     pub runtime: RuntimeFlags,
 
     /// Elect a leader among replicas through a Lease; only the leader reconciles and writes status.
-    #[arg(long, env = "LEADER_ELECT", default_value_t = false)]
+    #[arg(long, env = "LEADER_ELECT", default_value = "false", value_parser = go_bool,
+          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
     pub leader_elect: bool,
 
     /// Name of the leader election Lease (upstream's name, so an upgrade never runs two leaders).
     #[arg(long, env = "LEADER_ELECTION_ID", default_value = LEADER_ELECTION_LEASE_NAME)]
     pub leader_election_id: String,
 
-    /// Namespace of the leader election Lease (defaults to the pod's namespace).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "nmo-system")]
+    /// Namespace of the leader election Lease. Default: OPERATOR_NAMESPACE, else
+    /// POD_NAMESPACE, else the service account's namespace, else nmo-system.
+    #[arg(long, default_value_t = shared::namespace::operator_namespace())]
     pub leader_election_namespace: String,
 
     /// At most this many nodes are in maintenance at once; the others wait in creation order
@@ -45,4 +51,83 @@ pub struct Config {
     /// Namespace of the per-node medik8s leases (upstream reads LEASE_NAMESPACE).
     #[arg(long, env = "LEASE_NAMESPACE", default_value = shared::consts::LEASE_NAMESPACE_DEFAULT)]
     pub lease_namespace: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::goflags::normalize;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        let mut full = vec!["nmo-controller"];
+        full.extend_from_slice(args);
+        Config::try_parse_from(normalize(full))
+    }
+
+    #[test]
+    fn upstream_deployment_arguments_parse() {
+        let c = parse(&[
+            "--leader-elect",
+            "--enable-http2=false",
+            "--metrics-bind-address=:8443",
+            "--health-probe-bind-address=:8081",
+        ])
+        .expect("upstream's exact argument list");
+        assert!(c.leader_elect);
+        assert!(!c.runtime.enable_http2);
+        assert_eq!(c.runtime.metrics_bind_address, ":8443");
+        assert_eq!(c.runtime.health_probe_bind_address, ":8081");
+    }
+
+    #[test]
+    fn go_flag_spellings() {
+        let c = parse(&[
+            "-leader-elect=true",
+            "-enable-http2",
+            "-metrics-bind-address",
+            "0",
+        ])
+        .expect("single dash");
+        assert!(c.leader_elect && c.runtime.enable_http2);
+        assert_eq!(c.runtime.metrics_bind_address, "0");
+        assert!(
+            !parse(&["--leader-elect=false"])
+                .expect("=false")
+                .leader_elect
+        );
+        assert!(!parse(&[]).expect("defaults").leader_elect);
+        let c = parse(&[
+            "--leader-elect",
+            "--leader-elect=F",
+            "--max-concurrent-maintenances=2",
+            "--max-concurrent-maintenances=3",
+        ])
+        .expect("repeated flags");
+        assert!(!c.leader_elect, "the last occurrence wins");
+        assert_eq!(c.max_concurrent_maintenances, 3);
+        let c = parse(&[
+            "--zap-log-level=debug",
+            "--zap-devel",
+            "--zap-encoder=console",
+            "--zap-stacktrace-level=error",
+            "--zap-time-encoding=iso8601",
+        ])
+        .expect("zap flags");
+        assert!(c.runtime.log.zap_devel);
+        let err = parse(&["--leader-elect=yes"])
+            .expect_err("not a Go bool")
+            .to_string();
+        assert!(err.contains("--leader-elect"), "{err}");
+    }
+
+    #[test]
+    fn version_names_the_git_revision() {
+        let err = parse(&["--version"]).expect_err("--version exits");
+        assert_eq!(err.kind(), clap::error::ErrorKind::DisplayVersion);
+        let text = err.to_string();
+        assert!(
+            text.starts_with("nmo-controller 0.") && text.contains("(git "),
+            "{text}"
+        );
+    }
 }

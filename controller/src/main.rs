@@ -30,8 +30,8 @@ use crate::reconcile::{Ctx, error_policy, reconcile};
 
 #[tokio::main]
 async fn main() {
-    let cfg = Config::parse();
-    let mut log = init_logging(cfg.runtime.zap_level);
+    let cfg = Config::parse_from(shared::goflags::normalize(std::env::args_os()));
+    let mut log = init_logging(&cfg.runtime.log);
     if let Err(e) = run(cfg).await {
         tracing::error!(error = format!("{e:#}"), "nmo-controller stopped");
         // process::exit skips destructors: write the queued lines first.

@@ -7,12 +7,16 @@
 
 pub mod consts;
 pub mod crd;
+pub mod goflags;
 pub mod lease;
 pub mod logwriter;
+pub mod namespace;
 pub mod nodes;
 pub mod probes;
 pub mod quorum;
 pub mod telemetry;
+pub mod version;
+pub mod zap;
 
 pub use crd::{
     MaintenancePhase, NodeMaintenance, NodeMaintenanceSpec, NodeMaintenanceStatus, PodReference,

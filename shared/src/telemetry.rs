@@ -1,12 +1,20 @@
-//! Runtime flags common to both binaries and the JSON log setup.
+//! Runtime flags common to both binaries and the log setup.
 //!
 //! Flag names and defaults follow upstream's controller-runtime binaries so
-//! existing Deployments, runbooks and dashboards keep working.
+//! existing Deployments, runbooks and dashboards keep working. They use Go's
+//! flag syntax (see [`crate::goflags`]).
 
 use std::net::SocketAddr;
 
-use clap::{Args, ValueEnum};
+use clap::{ArgAction, Args};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+use crate::goflags::go_bool;
+pub use crate::zap::LogFlags;
+use crate::zap::{Encoder, ZapTime};
 
 /// Flags both the controller and the webhook accept.
 #[derive(Args, Debug, Clone)]
@@ -17,61 +25,40 @@ pub struct RuntimeFlags {
     pub metrics_bind_address: String,
 
     /// Address the `/healthz` and `/readyz` probes bind to (Go style, "0" turns them off).
+    /// Always plain HTTP.
     #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
     pub health_probe_bind_address: String,
 
     /// Enable HTTP/2 on TLS servers (the webhook's admission port; the controller
-    /// serves no TLS and accepts the flag for compatibility). Off by default to
-    /// sidestep the HTTP/2 rapid-reset CVEs (CVE-2023-44487, CVE-2023-39325).
-    #[arg(long, env = "ENABLE_HTTP2", default_value_t = false)]
+    /// serves no TLS and accepts the flag for compatibility). Off by default to sidestep the HTTP/2 rapid-reset CVEs
+    /// (CVE-2023-44487, CVE-2023-39325).
+    #[arg(long, env = "ENABLE_HTTP2", default_value = "false", value_parser = go_bool,
+          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
     pub enable_http2: bool,
 
-    /// Log level: debug, info or error (zap's names; warn, dpanic, panic and fatal are
-    /// accepted too). Logs are JSON lines on stderr.
-    #[arg(long, env = "ZAP_LEVEL", value_enum, default_value = "info")]
-    pub zap_level: ZapLevel,
-}
-
-/// Log levels under zap's names, so `--zap-level=debug` keeps working.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ZapLevel {
-    Debug,
-    Info,
-    Warn,
-    Error,
-    Dpanic,
-    Panic,
-    Fatal,
-}
-
-impl ZapLevel {
-    fn directive(self) -> &'static str {
-        match self {
-            ZapLevel::Debug => "debug",
-            ZapLevel::Info => "info",
-            ZapLevel::Warn => "warn",
-            ZapLevel::Error | ZapLevel::Dpanic | ZapLevel::Panic | ZapLevel::Fatal => "error",
-        }
-    }
+    #[command(flatten)]
+    pub log: LogFlags,
 }
 
 /// Keeps the log writer thread alive; dropping it (or `finish`) writes every
 /// line still buffered. Hold it in `main` until the process is about to exit.
 pub use crate::logwriter::WriterGuard as LogGuard;
 
-/// Install the global JSON log subscriber. Our crates log at the chosen level;
-/// dependencies (hyper, rustls, kube internals) one step quieter unless debugging.
-/// `RUST_LOG`, when set, overrides everything.
+/// Install the global log subscriber the flags describe. Our crates log at the
+/// chosen level; dependencies (hyper, rustls, kube internals) one step quieter
+/// unless debugging. `RUST_LOG`, when set, overrides the levels.
 ///
 /// Lines are formatted where they are logged and written to stderr in batches
 /// by a writer thread (see [`crate::logwriter`]): a request path does not wait
 /// on log I/O, and nothing is dropped.
-pub fn init_logging(level: ZapLevel) -> LogGuard {
-    let lvl = level.directive();
-    let deps = if level == ZapLevel::Debug {
-        "info"
-    } else {
-        "warn"
+pub fn init_logging(flags: &LogFlags) -> LogGuard {
+    let settings = flags.settings();
+    let lvl = settings.level.as_str().to_ascii_lowercase();
+    let deps = match settings.level {
+        tracing::Level::TRACE => "debug",
+        tracing::Level::DEBUG => "info",
+        _ => "warn",
     };
     let filter = EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| {
         EnvFilter::new(format!(
@@ -83,16 +70,36 @@ pub fn init_logging(level: ZapLevel) -> LogGuard {
         crate::logwriter::DEFAULT_BATCH_DELAY,
         crate::logwriter::DEFAULT_MAX_BUFFERED,
     );
+    let base = tracing_subscriber::fmt::layer()
+        .with_target(true)
+        .with_file(settings.source_location)
+        .with_line_number(settings.source_location)
+        .with_writer(writer);
+    // Each encoder and timer is its own layer type: box them to pick at run time.
+    let layer = match (settings.encoder, settings.time) {
+        (Encoder::Json, time) => {
+            let json = base
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false);
+            match time {
+                Some(t) => json.with_timer(ZapTime(t)).boxed(),
+                None => json.boxed(),
+            }
+        }
+        (Encoder::Console, time) => {
+            let console = base.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+            match time {
+                Some(t) => console.with_timer(ZapTime(t)).boxed(),
+                None => console.boxed(),
+            }
+        }
+    };
     // A second call (tests) keeps the first subscriber; this writer then
     // simply goes unused.
-    let _ = tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
-        .with_current_span(false)
-        .with_span_list(false)
-        .with_target(true)
-        .with_writer(writer)
-        .with_env_filter(filter)
+    let _ = tracing_subscriber::registry()
+        .with(layer.with_filter(filter))
         .try_init();
     guard
 }
@@ -160,12 +167,5 @@ mod tests {
         );
         let err = p("nonsense").expect_err("must fail");
         assert!(err.to_string().contains("--x"), "{err}");
-    }
-
-    #[test]
-    fn zap_level_names() {
-        assert_eq!(ZapLevel::from_str("debug", false), Ok(ZapLevel::Debug));
-        assert_eq!(ZapLevel::Error.directive(), "error");
-        assert_eq!(ZapLevel::Fatal.directive(), "error");
     }
 }

@@ -1,12 +1,14 @@
-//! Command-line flags (each also readable from the environment) and their
-//! resolution into concrete settings: listen addresses, certificate paths, limits.
+//! Command-line flags in Go's flag syntax (each also readable from the
+//! environment) and their resolution into concrete settings: listen addresses,
+//! certificate paths, limits.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgAction, Parser, ValueEnum};
 use shared::consts::{OLM_CERT_DIR, OLM_CERT_FILE, OLM_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE};
+use shared::goflags::go_bool;
 use shared::telemetry::{BindAddressError, RuntimeFlags, parse_bind_address};
 
 /// controller-runtime's default certificate directory, used when neither
@@ -16,7 +18,8 @@ pub const CONTROLLER_RUNTIME_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-c
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "nmo-webhook",
-    version,
+    version = shared::version::VERSION,
+    args_override_self = true,
     about = "Validating admission webhook for NodeMaintenance objects",
     long_about = "Validating admission webhook for NodeMaintenance objects \
         (nodemaintenance.medik8s.io/v1beta1).\n\n\
@@ -27,6 +30,13 @@ pub const CONTROLLER_RUNTIME_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-c
 pub struct Config {
     #[command(flatten)]
     pub runtime: RuntimeFlags,
+
+    /// Accepted so the controller's argument list (upstream's) works here too;
+    /// the webhook has no leader: every replica answers reviews.
+    #[arg(long, env = "LEADER_ELECT", default_value = "false", value_parser = go_bool,
+          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub leader_elect: bool,
 
     /// Address the TLS admission endpoint binds to (Go style: ":9443" means every interface).
     #[arg(long, env = "WEBHOOK_BIND_ADDRESS", default_value = ":9443")]
@@ -214,10 +224,59 @@ pub fn parse_duration(value: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Config {
+    fn try_parse(args: &[&str]) -> Result<Config, clap::Error> {
         let mut full = vec!["nmo-webhook"];
         full.extend_from_slice(args);
-        Config::try_parse_from(full).expect("flags parse")
+        Config::try_parse_from(shared::goflags::normalize(full))
+    }
+
+    fn parse(args: &[&str]) -> Config {
+        try_parse(args).expect("flags parse")
+    }
+
+    #[test]
+    fn upstream_common_arguments_parse() {
+        let c = parse(&[
+            "--leader-elect",
+            "--enable-http2=false",
+            "--metrics-bind-address=:8443",
+            "--health-probe-bind-address=:8081",
+        ]);
+        assert!(c.leader_elect, "accepted for a drop-in argument list");
+        assert!(!c.runtime.enable_http2);
+        let l = c.listeners().expect("listeners");
+        assert_eq!(l.metrics, Some("0.0.0.0:8443".parse().expect("addr")));
+        assert_eq!(l.probes, Some("0.0.0.0:8081".parse().expect("addr")));
+    }
+
+    #[test]
+    fn go_flag_spellings() {
+        let c = parse(&[
+            "-enable-http2",
+            "-cert-dir",
+            "/x",
+            "-zap-level=debug",
+            "--leader-elect=false",
+        ]);
+        assert!(c.runtime.enable_http2 && !c.leader_elect);
+        assert_eq!(c.cert_dir.as_deref(), Some(Path::new("/x")));
+        let c = parse(&[
+            "--enable-http2=true",
+            "--enable-http2=0",
+            "--openshift=true",
+            "--openshift=false",
+        ]);
+        assert!(!c.runtime.enable_http2, "the last occurrence wins");
+        assert_eq!(c.openshift, OpenShiftMode::False);
+        assert!(
+            try_parse(&["--enable-http2", "false"]).is_err(),
+            "a bool takes no separate value"
+        );
+        let err = try_parse(&["--version"]).expect_err("--version exits");
+        assert!(
+            err.to_string().starts_with("nmo-webhook 0.") && err.to_string().contains("(git "),
+            "{err}"
+        );
     }
 
     #[test]

@@ -63,6 +63,11 @@ async fn kube_client(config: &Config) -> Result<Client, Error> {
 
 /// Run the webhook until SIGTERM/SIGINT; returns once in-flight reviews are done.
 pub async fn run(config: Config) -> Result<(), Error> {
+    tracing::info!(
+        version = shared::version::VERSION,
+        namespace = %shared::namespace::operator_namespace(),
+        "nmo-webhook starting"
+    );
     let listeners = config.listeners()?;
     let metrics = Metrics::new()?;
     let readiness = Readiness::default();
