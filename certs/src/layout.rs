@@ -38,6 +38,19 @@ pub fn write_serving_set(dir: &Path, ca: &Ca, cert: &ServingCert) -> Result<(), 
     write_kubelet_layout(dir, &serving_files(ca, cert))
 }
 
+/// [`write_serving_set`] with the data directory and files owned by `uid:gid`
+/// before they become visible, as kubelet does for a pod's fsGroup: a server
+/// running as that user can read the private key of every generation.
+pub fn write_serving_set_owned(
+    dir: &Path,
+    ca: &Ca,
+    cert: &ServingCert,
+    uid: u32,
+    gid: u32,
+) -> Result<(), CertError> {
+    write_layout(dir, &serving_files(ca, cert), Some((uid, gid)))
+}
+
 /// Writes `apiserver.crt` and `apiserver.key` (the names OLM mounts) in the
 /// kubelet layout.
 pub fn write_olm_set(dir: &Path, cert: &ServingCert) -> Result<(), CertError> {
@@ -66,6 +79,14 @@ pub fn serving_files<'a>(ca: &'a Ca, cert: &'a ServingCert) -> [(&'static str, &
 ///
 /// Keys (names ending in `.key`) get mode 0600, everything else 0644.
 pub fn write_kubelet_layout(dir: &Path, files: &[(&str, &[u8])]) -> Result<(), CertError> {
+    write_layout(dir, files, None)
+}
+
+fn write_layout(
+    dir: &Path,
+    files: &[(&str, &[u8])],
+    owner: Option<(u32, u32)>,
+) -> Result<(), CertError> {
     validate_names(files)?;
     fs::create_dir_all(dir).map_err(CertError::io("creating directory", dir))?;
 
@@ -77,6 +98,12 @@ pub fn write_kubelet_layout(dir: &Path, files: &[(&str, &[u8])]) -> Result<(), C
         .map_err(CertError::io("setting permissions on", &data_dir))?;
     for (name, contents) in files {
         write_new_file(&data_dir.join(name), contents, mode_for(name))?;
+    }
+    if let Some((uid, gid)) = owner {
+        for path in std::iter::once(data_dir.clone()).chain(files.iter().map(|(n, _)| data_dir.join(n))) {
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                .map_err(CertError::io("changing the owner of", &path))?;
+        }
     }
     sync_dir(&data_dir)?;
 

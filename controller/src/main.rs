@@ -5,6 +5,7 @@ mod classify;
 mod config;
 mod drain;
 mod events;
+mod leadership;
 mod metrics;
 mod node;
 mod node_lease;
@@ -65,7 +66,6 @@ fn instance_name() -> String {
 async fn run(cfg: Config) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let readiness = Readiness::default();
-    let leading_gate = readiness.gate("leadership or standby");
     let cache_gate = readiness.gate("NodeMaintenance cache");
     let metrics = metrics::Metrics::new().context("registering metrics")?;
 
@@ -120,40 +120,19 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         });
     }
 
-    // Leader election: only the leader reconciles (and so writes status).
-    let mut leadership = None;
-    if cfg.leader_elect {
-        let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &cfg.leader_election_id)
-            .with_namespace(&cfg.leader_election_namespace)
-            .with_identity(instance_name())
-            .with_duration(15)
-            .with_grace(5)
-            .build()
-            .await
-            .with_context(|| {
-                format!(
-                    "setting up leader election on Lease {}/{}; check the namespace exists and RBAC allows leases",
-                    cfg.leader_election_namespace, cfg.leader_election_id
-                )
-            })?;
-        let (mut channel, task) = manager.watch().await;
-        // A standby replica is ready: it serves probes and waits its turn.
-        leading_gate.set(true);
-        tracing::info!(lease = %cfg.leader_election_id, "waiting to become leader");
-        loop {
-            if *channel.borrow_and_update() {
-                break;
-            }
-            tokio::select! {
-                changed = channel.changed() => changed.context("leader election stopped")?,
-                _ = shutdown.cancelled() => return Ok(()),
-            }
-        }
-        tracing::info!("became leader");
-        leadership = Some((channel, task));
-    } else {
-        leading_gate.set(true);
-    }
+    // Leader election: every replica watches (and so is Ready); only the
+    // leader reconciles and writes.
+    let (leadership, election) = leadership::Leadership::start(
+        client.clone(),
+        leadership::Settings {
+            enabled: cfg.leader_elect,
+            namespace: cfg.leader_election_namespace.clone(),
+            name: cfg.leader_election_id.clone(),
+            identity: instance_name(),
+        },
+        &metrics,
+    )
+    .await?;
 
     let nm_api: Api<NodeMaintenance> = Api::all(client.clone());
     let mut wc = watcher::Config::default();
@@ -196,6 +175,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         leases: node_lease::NodeLeases::new(client.clone(), cfg.lease_namespace.clone()),
         max_concurrent_maintenances: cfg.max_concurrent_maintenances,
         max_concurrent_evictions: cfg.max_concurrent_evictions,
+        leadership: leadership.clone(),
     });
 
     // A node change (someone uncordons it, removes a taint) reaches the
@@ -234,6 +214,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
                 .map(|nm| ObjectRef::from_obj(nm.as_ref()))
                 .collect::<Vec<_>>()
         })
+        .reconcile_all_on(leadership.acquired(ctx.metrics.clone()))
         .graceful_shutdown_on({
             let s = shutdown.clone();
             async move { s.cancelled().await }
@@ -245,23 +226,17 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             }
         });
 
-    if let Some((mut channel, _task)) = leadership {
-        tokio::select! {
-            _ = controller => {},
-            _ = async {
-                loop {
-                    if channel.changed().await.is_err() || !*channel.borrow_and_update() {
-                        break;
-                    }
-                }
-            } => {
-                // Like controller-runtime: a replica that lost leadership exits
-                // so it can never write status alongside the new leader.
-                anyhow::bail!("lost leadership of Lease {}/{}; exiting so only the leader writes", cfg.leader_election_namespace, cfg.leader_election_id);
-            }
-        }
-    } else {
-        controller.await;
+    // A leader that loses the Lease exits (as controller-runtime does) so it
+    // can never write alongside the new leader.
+    let lost = tokio::select! {
+        _ = controller => None,
+        lost = leadership.lost() => Some(lost),
+    };
+    if let Some(lost) = lost {
+        return Err(lost.into());
+    }
+    if let Some(election) = election {
+        election.release().await;
     }
 
     shutdown.cancel();

@@ -21,6 +21,7 @@ pub struct Metrics {
     pending: IntGaugeVec,
     evictions: IntCounterVec,
     api_requests: IntCounterVec,
+    leader: IntGaugeVec,
 }
 
 impl Metrics {
@@ -89,8 +90,17 @@ impl Metrics {
             ),
             &["method"],
         )?;
+        // client-go's series: 1 on the replica holding the leader election Lease.
+        let leader = IntGaugeVec::new(
+            Opts::new(
+                "leader_election_master_status",
+                "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
+            ),
+            &["name"],
+        )?;
         registry.register(Box::new(evictions.clone()))?;
         registry.register(Box::new(api_requests.clone()))?;
+        registry.register(Box::new(leader.clone()))?;
         for result in ["success", "error", "requeue", "requeue_after"] {
             reconcile_total.with_label_values(&[CONTROLLER_NAME, result]);
         }
@@ -105,7 +115,15 @@ impl Metrics {
             pending,
             evictions,
             api_requests,
+            leader,
         })
+    }
+
+    /// Whether this replica holds the leader election Lease `name`.
+    pub fn leader(&self, name: &str, leading: bool) {
+        self.leader
+            .with_label_values(&[name])
+            .set(i64::from(leading));
     }
 
     pub fn reconciled(&self, result: &str, seconds: f64) {

@@ -23,6 +23,7 @@ use shared::{MaintenancePhase, NodeMaintenance, NodeMaintenanceStatus};
 
 use crate::drain::{self, PodOutcome};
 use crate::events::Events;
+use crate::leadership::Leadership;
 use crate::metrics::Metrics;
 use crate::node;
 use crate::node_lease::{LeaseError, NodeLeases};
@@ -110,9 +111,15 @@ pub struct Ctx {
     pub leases: NodeLeases,
     pub max_concurrent_maintenances: usize,
     pub max_concurrent_evictions: usize,
+    pub leadership: Leadership,
 }
 
 pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    // A standby keeps its caches warm and touches nothing; winning the Lease
+    // reconciles everything in the cache (see leadership.rs).
+    if !ctx.leadership.is_leading() {
+        return Ok(Action::await_change());
+    }
     let started = Instant::now();
     let api: Api<NodeMaintenance> = Api::all(ctx.client.clone());
     // kube's client waits up to 295 s on a request (sized for watches); one
