@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 CRD_FILE := manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml
 
-.PHONY: help build test unit-test integration-test lint fmt crds cluster-up cluster-down deploy-local undeploy-local demo bench
+.PHONY: help build test unit-test integration-test lint fmt crds cluster-up cluster-down deploy-local undeploy-local demo bench images bundle check-bundle release
 
 help: ## Show the targets and what they do
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,3 +48,15 @@ demo: ## Local cluster + both services + a guided node maintenance
 
 bench: ## Performance figures: webhook reviews/s and latency, controller drain time
 	bash tests/bench.sh
+
+images: ## OCI image archives of both services in target/images/ (static musl binaries, FROM scratch, reproducible, no container daemon)
+	bash tests/release/images.sh
+
+bundle: ## Regenerate the OLM bundle in bundle/ from manifests/base (commit the result)
+	bash tests/release/bundle.sh
+
+check-bundle: ## Bundle drift check and Operator Framework validation (operator-verify, built and cached)
+	bash tests/release/check-bundle.sh
+
+release: ## Release VERSION=x.y.z into dist/: image archives, OLM bundle, install YAMLs pinned by digest, SHA256SUMS
+	bash tests/release/release.sh "$(VERSION)"
