@@ -33,5 +33,5 @@ trap 'rm -f "$rendered"' EXIT
 step "bundle-gen"
 cargo build --locked -q -p nmo-tests --bin bundle-gen ||
   die "'cargo build -p nmo-tests --bin bundle-gen' failed (compiler output above)"
-"$REPO_ROOT/target/debug/bundle-gen" --manifests "$rendered" --out "$out" "${gen_args[@]}" ||
+"$TARGET_DIR/debug/bundle-gen" --manifests "$rendered" --out "$out" "${gen_args[@]}" ||
   die "'bundle-gen --manifests <kubectl kustomize $manifests> --out $out ${gen_args[*]}' failed (message above)"

@@ -47,8 +47,10 @@ cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 # --target these flags reach only the target's crates, not build scripts, so
 # the host build cache is left alone.
 sep=$'\x1f'
-rustflags="--remap-path-prefix=$REPO_ROOT=/nmo-rs$sep--remap-path-prefix=$cargo_home=/cargo"
-cflags="-ffile-prefix-map=$REPO_ROOT=/nmo-rs -ffile-prefix-map=$cargo_home=/cargo"
+# The last matching prefix wins: the target dir (build scripts' OUT_DIR) may
+# sit inside the clone.
+rustflags="--remap-path-prefix=$REPO_ROOT=/nmo-rs$sep--remap-path-prefix=$cargo_home=/cargo$sep--remap-path-prefix=$TARGET_DIR=/target"
+cflags="-ffile-prefix-map=$REPO_ROOT=/nmo-rs -ffile-prefix-map=$cargo_home=/cargo -ffile-prefix-map=$TARGET_DIR=/target"
 mkdir -p "$out"
 log "cargo build --release --locked --target $MUSL_TARGET -p nmo-controller -p nmo-webhook (cold: 5-15 min on 2 cores)"
 run_logged "cargo build ($MUSL_TARGET)" "$out/build.log" \
@@ -56,13 +58,13 @@ run_logged "cargo build ($MUSL_TARGET)" "$out/build.log" \
   CFLAGS_x86_64_unknown_linux_musl="$cflags" \
   NMO_GIT_REVISION="$revision" SOURCE_DATE_EPOCH="$epoch" CARGO_TERM_PROGRESS_WHEN=never \
   cargo build --release --locked --target "$MUSL_TARGET" -p nmo-controller -p nmo-webhook
-bindir="$REPO_ROOT/target/$MUSL_TARGET/release"
+bindir="$TARGET_DIR/$MUSL_TARGET/release"
 
 step "image writer"
 # A debug host tool; built without the musl RUSTFLAGS above.
 run_logged "cargo build --bin oci-image" "$out/oci-image-build.log" \
   cargo build --locked -q -p nmo-tests --bin oci-image
-oci_image="$REPO_ROOT/target/debug/oci-image"
+oci_image="$TARGET_DIR/debug/oci-image"
 
 : >"$out/digests.txt.partial"
 for svc in "${SERVICES[@]}"; do

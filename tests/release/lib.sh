@@ -4,6 +4,8 @@
 RELEASE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$RELEASE_DIR/../.." && pwd)"
 MUSL_TARGET=x86_64-unknown-linux-musl
+# Cargo's output directory (CARGO_TARGET_DIR is honoured).
+TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 # Where `make images` puts the archives: target/images/<name>.oci.tar
 IMAGES_DIR="$REPO_ROOT/target/images"
 # Registry and repository prefix of the image names (the manifests' default).
