@@ -17,6 +17,9 @@ bash tests/cluster/up.sh
 echo "== manifests render (kustomize base and every variant)"
 KUBECTL="$root/.cluster/bin/kubectl" bash manifests/check.sh
 
+echo "== OLM bundle: drift against manifests/base, operator-verify validation"
+KUBECTL="$root/.cluster/bin/kubectl" bash tests/release/check-bundle.sh
+
 echo "== integration tests against the local control plane"
 # The tests spawn the operator's binaries: build them first.
 cargo build --workspace --bins

@@ -27,7 +27,8 @@ VERSION="${VERSION:-$(workspace_version)}"
 check_release_version "$VERSION"
 out="${IMAGES_OUT:-$IMAGES_DIR}"
 command -v cargo >/dev/null || die "cargo not found: install a Rust toolchain (rustup)"
-rustup target list --installed 2>/dev/null | grep -qx "$MUSL_TARGET" ||
+# (captured, not piped into grep -q: SIGPIPE under pipefail)
+[[ "$(rustup target list --installed 2>/dev/null)" == *"$MUSL_TARGET"* ]] ||
   die "the Rust target $MUSL_TARGET is not installed: run 'rustup target add $MUSL_TARGET'"
 command -v musl-gcc >/dev/null ||
   die "musl-gcc not found (ring compiles C for $MUSL_TARGET): run 'apt-get install musl-tools'"
@@ -51,9 +52,10 @@ sep=$'\x1f'
 # sit inside the clone.
 rustflags="--remap-path-prefix=$REPO_ROOT=/nmo-rs$sep--remap-path-prefix=$cargo_home=/cargo$sep--remap-path-prefix=$TARGET_DIR=/target"
 cflags="-ffile-prefix-map=$REPO_ROOT=/nmo-rs -ffile-prefix-map=$cargo_home=/cargo -ffile-prefix-map=$TARGET_DIR=/target"
-mkdir -p "$out"
+logs="$TARGET_DIR/release-logs"
+mkdir -p "$out" "$logs"
 log "cargo build --release --locked --target $MUSL_TARGET -p nmo-controller -p nmo-webhook (cold: 5-15 min on 2 cores)"
-run_logged "cargo build ($MUSL_TARGET)" "$out/build.log" \
+run_logged "cargo build ($MUSL_TARGET)" "$logs/musl-build.log" \
   env CARGO_ENCODED_RUSTFLAGS="$rustflags" \
   CFLAGS_x86_64_unknown_linux_musl="$cflags" \
   NMO_GIT_REVISION="$revision" SOURCE_DATE_EPOCH="$epoch" CARGO_TERM_PROGRESS_WHEN=never \
@@ -62,7 +64,7 @@ bindir="$TARGET_DIR/$MUSL_TARGET/release"
 
 step "image writer"
 # A debug host tool; built without the musl RUSTFLAGS above.
-run_logged "cargo build --bin oci-image" "$out/oci-image-build.log" \
+run_logged "cargo build --bin oci-image" "$logs/oci-image-build.log" \
   cargo build --locked -q -p nmo-tests --bin oci-image
 oci_image="$TARGET_DIR/debug/oci-image"
 

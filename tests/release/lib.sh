@@ -28,10 +28,10 @@ workspace_version() {
 # build metadata "+..." is refused: an image tag cannot carry '+'), never
 # "latest" nor a leading "v".
 check_release_version() {
-  local v=$1
+  local v=$1 num='(0|[1-9][0-9]*)' pre='(0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)'
   [ "$v" != latest ] || die "VERSION=latest: a release needs a fixed version (MAJOR.MINOR.PATCH), e.g. make release VERSION=$(workspace_version)"
-  [[ "$v" =~ ^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$ ]] ||
-    die "VERSION=$v is not a semantic version MAJOR.MINOR.PATCH[-PRERELEASE] (no leading 'v', no '+build'); e.g. VERSION=1.2.3 or VERSION=1.2.3-rc.1"
+  [[ "$v" =~ ^$num\.$num\.$num(-$pre(\.$pre)*)?$ ]] ||
+    die "VERSION=$v is not MAJOR.MINOR.PATCH[-PRERELEASE] (semver.org, without a leading 'v' and without '+build' metadata, which an image tag cannot carry); e.g. VERSION=1.2.3 or VERSION=1.2.3-rc.1"
 }
 
 # git_revision: the commit, with "-dirty" when the work tree has changes
