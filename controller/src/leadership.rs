@@ -28,8 +28,8 @@ const LEASE_GRACE_SECS: u64 = 5;
 /// expired for the others by then).
 const RENEW_DEADLINE: Duration = Duration::from_secs(LEASE_DURATION_SECS - LEASE_GRACE_SECS);
 /// How often a standby looks at the Lease (controller-runtime's retry period).
-/// Left alone, the lease manager sleeps until the holder's term ends, which
-/// would make a released Lease (rolling upgrade) wait out its full duration.
+/// Left alone, the lease manager trusts its cached copy until the holder's
+/// term ends, so a released Lease (rolling upgrade) would wait out its term.
 const RETRY_PERIOD: Duration = Duration::from_secs(2);
 /// Longest wait for the Lease release on shutdown.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,21 +93,20 @@ impl Leadership {
             return Ok((l, None));
         }
         metrics.leader(&settings.name, false);
-        let manager = LeaseManagerBuilder::new(client, &settings.name)
-            .with_namespace(&settings.namespace)
-            .with_identity(&settings.identity)
-            .with_duration(LEASE_DURATION_SECS)
-            .with_grace(LEASE_GRACE_SECS)
-            .build()
-            .await
-            .map_err(|source| Error::Setup {
-                namespace: settings.namespace.clone(),
-                name: settings.name.clone(),
-                source,
-            })?;
+        let factory = Factory {
+            client,
+            namespace: settings.namespace.clone(),
+            name: settings.name.clone(),
+            identity: settings.identity.clone(),
+        };
+        let manager = factory.build().await.map_err(|source| Error::Setup {
+            namespace: settings.namespace.clone(),
+            name: settings.name.clone(),
+            source,
+        })?;
         let (tx, channel) = watch::channel(false);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(elect(manager, tx, stop.clone()));
+        let task = tokio::spawn(elect(factory, manager, tx, stop.clone()));
         tracing::info!(lease = %format!("{}/{}", settings.namespace, settings.name),
             identity = %settings.identity, "waiting to become leader (standby replicas are Ready and keep their caches warm)");
         let l = Leadership {
@@ -131,32 +130,29 @@ impl Leadership {
         let leading = self.leading.clone();
         let changes = self.changes.clone();
         let name = self.name.clone();
-        futures::stream::unfold(
-            (changes, leading, false),
-            move |(changes, leading, was)| {
-                let (metrics, name) = (metrics.clone(), name.clone());
-                async move {
-                    let mut rx = changes?;
-                    loop {
-                        let now = *rx.borrow_and_update();
-                        if now && !was {
-                            leading.store(true, Ordering::SeqCst);
-                            metrics.leader(&name, true);
-                            tracing::info!(lease = %name, "became leader: reconciling every NodeMaintenance");
-                            return Some(((), (Some(rx), leading, true)));
-                        }
-                        if !now && was {
-                            // Lost: stop reconciling at once; `lost` ends the process.
-                            leading.store(false, Ordering::SeqCst);
-                            metrics.leader(&name, false);
-                        }
-                        if rx.changed().await.is_err() {
-                            return None;
-                        }
+        futures::stream::unfold((changes, leading, false), move |(changes, leading, was)| {
+            let (metrics, name) = (metrics.clone(), name.clone());
+            async move {
+                let mut rx = changes?;
+                loop {
+                    let now = *rx.borrow_and_update();
+                    if now && !was {
+                        leading.store(true, Ordering::SeqCst);
+                        metrics.leader(&name, true);
+                        tracing::info!(lease = %name, "became leader: reconciling every NodeMaintenance");
+                        return Some(((), (Some(rx), leading, true)));
+                    }
+                    if !now && was {
+                        // Lost: stop reconciling at once; `lost` ends the process.
+                        leading.store(false, Ordering::SeqCst);
+                        metrics.leader(&name, false);
+                    }
+                    if rx.changed().await.is_err() {
+                        return None;
                     }
                 }
-            },
-        )
+            }
+        })
     }
 
     /// Resolves when a replica that led loses the Lease (never otherwise).
@@ -204,7 +200,12 @@ impl Election {
 /// release the Lease if held. API errors are retried with a capped backoff;
 /// the manager itself stops renewing when it cannot, so a leader cut off from
 /// the API server loses the Lease when it expires, as everyone else sees it.
-async fn elect(manager: LeaseManager, tx: watch::Sender<bool>, stop: CancellationToken) {
+async fn elect(
+    factory: Factory,
+    mut manager: LeaseManager,
+    tx: watch::Sender<bool>,
+    stop: CancellationToken,
+) {
     let mut backoff = Duration::from_millis(500);
     let mut failing_since: Option<Instant> = None;
     loop {
@@ -212,7 +213,12 @@ async fn elect(manager: LeaseManager, tx: watch::Sender<bool>, stop: Cancellatio
             biased;
             _ = stop.cancelled() => break,
             changed = next_change(&manager, *tx.borrow()) => match changed {
-                None => continue,
+                // A standby's look again: a fresh manager reads the Lease anew
+                // (one GET), so a released or expired Lease is taken at once.
+                None => match factory.build().await {
+                    Ok(fresh) => manager = fresh,
+                    Err(e) => tracing::warn!(error = %e, "leader election: reading the Lease failed; retrying"),
+                },
                 Some(Ok(leading)) => {
                     backoff = Duration::from_millis(500);
                     failing_since = None;
@@ -243,6 +249,27 @@ async fn elect(manager: LeaseManager, tx: watch::Sender<bool>, stop: Cancellatio
     }
 }
 
+/// Builds lease managers for one Lease and identity.
+struct Factory {
+    client: Client,
+    namespace: String,
+    name: String,
+    identity: String,
+}
+
+impl Factory {
+    /// A manager with the Lease's current state (read, or created when missing).
+    async fn build(&self) -> kube_lease_manager::Result<LeaseManager> {
+        LeaseManagerBuilder::new(self.client.clone(), &self.name)
+            .with_namespace(&self.namespace)
+            .with_identity(&self.identity)
+            .with_duration(LEASE_DURATION_SECS)
+            .with_grace(LEASE_GRACE_SECS)
+            .build()
+            .await
+    }
+}
+
 /// The next change of leadership; a standby gives up waiting after
 /// `RETRY_PERIOD` (None) so the caller looks again and sees a released Lease.
 async fn next_change(
@@ -252,5 +279,7 @@ async fn next_change(
     if leading {
         return Some(manager.changed().await);
     }
-    tokio::time::timeout(RETRY_PERIOD, manager.changed()).await.ok()
+    tokio::time::timeout(RETRY_PERIOD, manager.changed())
+        .await
+        .ok()
 }

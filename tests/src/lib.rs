@@ -3,7 +3,9 @@
 //! manifests applied as the cluster admin, and the operator's own processes
 //! run under their ServiceAccounts so RBAC is exercised for real.
 
+pub mod deployment;
 pub mod fixtures;
+pub mod image;
 pub mod manifests;
 pub mod process;
 pub mod wait;

@@ -47,6 +47,23 @@ pub async fn http_get_local(port: u16, path: &str) -> anyhow::Result<String> {
     Ok(body.to_string())
 }
 
+/// GET a plain-HTTP path on 127.0.0.1:port: status code and body, whatever the code.
+pub async fn http_status_local(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("GET {path} on port {port}: no status line in {head:?}"))?;
+    Ok((code, body.to_string()))
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released).
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
@@ -129,6 +146,37 @@ impl Running {
             log,
             name: bin.to_string(),
         })
+    }
+
+    /// Start a prepared command (program, arguments, environment, user);
+    /// stdout and stderr go to a log file under .cluster/test-logs.
+    pub fn spawn(name: &str, mut cmd: Command) -> anyhow::Result<Running> {
+        let dir = crate::repo_root().join(".cluster/test-logs");
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join(format!("{}.log", crate::unique(name)));
+        let file = std::fs::File::create(&log)?;
+        cmd.stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name}: {cmd:?}"))?;
+        Ok(Running {
+            child,
+            log,
+            name: name.to_string(),
+        })
+    }
+
+    /// The last `n` lines of the log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn log_text(&self) -> String {

@@ -11,7 +11,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nmo_tests::fixtures::{GROUP_KEY, TestBed};
-use nmo_tests::process::{Running, service_account_kubeconfig};
+use nmo_tests::deployment::{Launch, Pod};
+use nmo_tests::process::service_account_kubeconfig;
 use nmo_tests::wait::{Poll, until};
 use serde_json::json;
 use shared::{MaintenancePhase, NodeMaintenance};
@@ -20,7 +21,7 @@ const LONG: Duration = Duration::from_secs(60);
 
 struct Env {
     bed: TestBed,
-    ctrl: Option<Running>,
+    ctrl: Option<Pod>,
     kubeconfig: std::path::PathBuf,
     max: usize,
 }
@@ -48,43 +49,33 @@ impl Env {
             kubeconfig,
             max,
         };
-        env.start_controller();
+        env.start_controller().await;
         env
     }
 
-    /// Start one more controller process for this test's NodeMaintenances with extra flags.
-    fn spawn_controller(&self, extra: &[String]) -> Running {
+    /// Start one more controller pod (the base Deployment, from its image) for
+    /// this test's NodeMaintenances, with extra flags after the manifest's.
+    /// Its own leader election Lease keeps parallel tests apart.
+    async fn spawn_controller(&self, extra: &[String]) -> Pod {
         let mut args = vec![
             format!("--nodemaintenance-selector={GROUP_KEY}={}", self.bed.group),
             format!("--max-concurrent-maintenances={}", self.max),
+            format!("--leader-election-id={}", self.bed.group),
+            "--zap-log-level=debug".to_string(),
         ];
         args.extend_from_slice(extra);
-        Running::start(
-            "nmo-controller",
-            &args,
-            &self.kubeconfig,
-            &[("POD_NAMESPACE", "nmo-system")],
-        )
-        .expect("controller starts")
+        let pod = Launch::new("base", "nmo-controller")
+            .extra_args(args)
+            .kubeconfig(&self.kubeconfig)
+            .start(&self.bed.client)
+            .await
+            .expect("controller starts");
+        pod.wait_ready(LONG).await.expect("controller Ready");
+        pod
     }
 
-    fn start_controller(&mut self) {
-        let args: Vec<String> = [
-            "--metrics-bind-address=0",
-            "--health-probe-bind-address=0",
-            "--zap-level=debug",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([
-            format!("--nodemaintenance-selector={GROUP_KEY}={}", self.bed.group),
-            format!("--max-concurrent-maintenances={}", self.max),
-        ])
-        .collect();
-        self.ctrl = Some(
-            Running::start("nmo-controller", &args, &self.kubeconfig, &[])
-                .expect("controller starts"),
-        );
+    async fn start_controller(&mut self) {
+        self.ctrl = Some(self.spawn_controller(&[]).await);
     }
 
     /// A fresh Ready node of this test, by name.
@@ -251,6 +242,48 @@ impl Env {
         )
         .await
         .expect("event recorded");
+    }
+
+    /// NodeMaintenance "a" on a fresh node with two bare pods, one of them
+    /// ("guarded") held by PodDisruptionBudget "guard": Running, progress 50.
+    async fn blocked_maintenance(&self) -> NodeMaintenance {
+        let bed = &self.bed;
+        let target = bed.node("target", false).await.expect("node").name_any();
+        bed.node("spare", false).await.expect("spare");
+        bed.bare_pod("guarded", &target).await.expect("guarded pod");
+        bed.bare_pod("free", &target).await.expect("free pod");
+        bed.pdb("guard", "guarded", 1).await.expect("pdb");
+        // The PDB controller must have computed status before evictions are judged.
+        until("PDB status computed", LONG, || async {
+            let pdb = Api::<PodDisruptionBudget>::namespaced(self.client(), &bed.namespace)
+                .get("guard")
+                .await?;
+            let st = pdb.status.unwrap_or_default();
+            Ok(
+                if st.observed_generation.is_some() && st.expected_pods == 1 {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending(format!("{st:?}"))
+                },
+            )
+        })
+        .await
+        .expect("pdb status");
+        self.create_nm(&self.n("a"), &target).await;
+        self.wait_nm(&self.n("a"), "free pod gone, guarded pod pending", |nm| {
+            nm.status.as_ref().is_some_and(|s| {
+                s.pending_pods == vec!["guarded".to_string()] && s.last_error.contains("guarded")
+            })
+        })
+        .await
+    }
+
+    /// Lift the PodDisruptionBudget of [`Env::blocked_maintenance`].
+    async fn lift_pdb(&self) {
+        Api::<PodDisruptionBudget>::namespaced(self.client(), &self.bed.namespace)
+            .delete("guard", &DeleteParams::default())
+            .await
+            .expect("lift the PDB");
     }
 
     async fn teardown(self) {
@@ -496,37 +529,7 @@ async fn full_cycle_drains_the_node_and_restores_it_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pdb_blocks_one_pod_others_go_and_lifting_it_completes() {
     let mut env = Env::new("nm-pdb", 1).await;
-    let bed = &env.bed;
-    let target = bed.node("target", false).await.expect("node").name_any();
-    bed.node("spare", false).await.expect("spare");
-    bed.bare_pod("guarded", &target).await.expect("guarded pod");
-    bed.bare_pod("free", &target).await.expect("free pod");
-    bed.pdb("guard", "guarded", 1).await.expect("pdb");
-    // The PDB controller must have computed status before evictions are judged.
-    until("PDB status computed", LONG, || async {
-        let pdb = Api::<PodDisruptionBudget>::namespaced(env.client(), &env.bed.namespace)
-            .get("guard")
-            .await?;
-        let st = pdb.status.unwrap_or_default();
-        Ok(
-            if st.observed_generation.is_some() && st.expected_pods == 1 {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(format!("{st:?}"))
-            },
-        )
-    })
-    .await
-    .expect("pdb status");
-
-    env.create_nm(&env.n("a"), &target).await;
-    let nm = env
-        .wait_nm(&env.n("a"), "free pod gone, guarded pod pending", |nm| {
-            nm.status.as_ref().is_some_and(|s| {
-                s.pending_pods == vec!["guarded".to_string()] && s.last_error.contains("guarded")
-            })
-        })
-        .await;
+    let nm = env.blocked_maintenance().await;
     let st = nm.status.expect("status");
     assert_eq!(st.phase, Some(MaintenancePhase::Running));
     assert_eq!(st.eviction_pods, 2);
@@ -539,13 +542,10 @@ async fn pdb_blocks_one_pod_others_go_and_lifting_it_completes() {
     assert_eq!(st.pending_pods_refs[0].namespace, env.bed.namespace);
 
     // A controller crash mid-drain: the next one resumes.
-    env.ctrl.as_mut().expect("controller").kill();
-    env.start_controller();
+    env.ctrl.as_mut().expect("controller").proc.kill();
+    env.start_controller().await;
 
-    Api::<PodDisruptionBudget>::namespaced(env.client(), &env.bed.namespace)
-        .delete("guard", &DeleteParams::default())
-        .await
-        .expect("lift the PDB");
+    env.lift_pdb().await;
     let nm = env
         .wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
         .await;
@@ -800,14 +800,16 @@ async fn probes_metrics_and_clean_shutdown() {
     let mut env = Env::new("nm-probe", 1).await;
     // This test drives its own controller with probes and metrics on.
     if let Some(mut c) = env.ctrl.take() {
-        c.kill();
+        c.proc.kill();
     }
-    let probe = nmo_tests::process::free_port().expect("port");
-    let metrics = nmo_tests::process::free_port().expect("port");
-    let mut ctrl = env.spawn_controller(&[
-        format!("--health-probe-bind-address=127.0.0.1:{probe}"),
-        format!("--metrics-bind-address=127.0.0.1:{metrics}"),
-    ]);
+    // The manifest's probe and metrics addresses, mapped to local ports;
+    // plain-HTTP metrics here (the secure default is tested in metrics_auth.rs).
+    let pod = env
+        .spawn_controller(&["--metrics-secure=false".to_string()])
+        .await;
+    let probe = pod.port("health").expect("health port");
+    let metrics = pod.flag_port("metrics-bind-address").expect("metrics port");
+    let mut ctrl = pod.proc;
     assert_eq!(wait_http(probe, "/healthz").await, "ok");
     assert_eq!(wait_http(probe, "/readyz").await, "ok");
     let target = env.node_in_maintenance().await;
@@ -851,75 +853,197 @@ async fn probes_metrics_and_clean_shutdown() {
     env.teardown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_election_one_active_replica_and_takeover() {
-    let mut env = Env::new("nm-leader", 1).await;
-    if let Some(mut c) = env.ctrl.take() {
-        c.kill();
+// ------------------------------------------------------------ high availability
+
+/// Lease duration of the controller's leader election (controller-runtime's 15 s).
+const LEADER_LEASE: Duration = Duration::from_secs(15);
+
+/// One controller replica of an HA test: its pod and where its plain metrics are.
+struct Replica {
+    pod: Pod,
+    metrics: u16,
+}
+
+impl Env {
+    /// A replica of the base Deployment (leader election on, as the manifest has it).
+    async fn replica(&self) -> Replica {
+        let pod = self
+            .spawn_controller(&["--metrics-secure=false".to_string()])
+            .await;
+        let metrics = pod.flag_port("metrics-bind-address").expect("metrics port");
+        Replica { pod, metrics }
     }
-    let lease_name = format!("{}-leader", env.bed.group);
-    let args = [
-        "--leader-elect".to_string(),
-        format!("--leader-election-id={lease_name}"),
-        "--metrics-bind-address=0".to_string(),
-        "--health-probe-bind-address=0".to_string(),
-    ];
-    let mut a = env.spawn_controller(&args);
-    let mut b = env.spawn_controller(&args);
-    let leases: Api<Lease> = Api::namespaced(env.client(), "nmo-system");
-    let holder = until("a leader is elected", LONG, || async {
-        let l = leases.get_opt(&lease_name).await?;
-        Ok(
-            match l.and_then(|l| l.spec).and_then(|s| s.holder_identity) {
-                Some(h) if !h.is_empty() => Poll::Ready(h),
-                other => Poll::Pending(format!("holder {other:?}")),
-            },
+
+    /// The leader election Lease of this test (named after the group).
+    async fn leader_lease(&self) -> Option<Lease> {
+        Api::<Lease>::namespaced(self.client(), "nmo-system")
+            .get_opt(&self.bed.group)
+            .await
+            .expect("read the leader Lease")
+    }
+
+    async fn holder(&self) -> Option<String> {
+        self.leader_lease()
+            .await
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty())
+    }
+
+    /// Wait until one of `replicas` holds the Lease; returns its index.
+    async fn wait_leader(&self, replicas: &[&Replica]) -> usize {
+        until("one replica to hold the leader Lease", LONG, || async {
+            let h = self.holder().await;
+            Ok(match replicas.iter().position(|r| Some(&r.pod.name) == h.as_ref()) {
+                Some(i) => Poll::Ready(i),
+                None => Poll::Pending(format!("holder {h:?}")),
+            })
+        })
+        .await
+        .expect("a leader")
+    }
+}
+
+impl Replica {
+    /// leader_election_master_status of this replica for the test's Lease.
+    async fn master_status(&self, lease: &str) -> anyhow::Result<String> {
+        let text = nmo_tests::process::http_get_local(self.metrics, "/metrics").await?;
+        let prefix = format!("leader_election_master_status{{name=\"{lease}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(str::to_string)
+            .ok_or_else(|| anyhow::anyhow!("no {prefix}series"))
+    }
+
+    async fn wait_master_status(&self, lease: &str, want: &str) {
+        until(&format!("{} to report master status {want}", self.pod.name), LONG, || async {
+            Ok(match self.master_status(lease).await {
+                Ok(v) if v == want => Poll::Ready(()),
+                Ok(v) => Poll::Pending(v),
+                Err(e) => Poll::Pending(format!("{e:#}")),
+            })
+        })
+        .await
+        .expect("leader_election_master_status");
+    }
+
+    async fn ready(&self) -> bool {
+        let port = self.pod.port("health").expect("health port");
+        matches!(
+            nmo_tests::process::http_status_local(port, "/readyz").await,
+            Ok((200, _))
         )
-    })
-    .await
-    .expect("leader elected");
-    env.node_in_maintenance().await;
-    // Exactly one replica did the work (its log line follows the status write).
-    let worked = |r: &Running| r.log_text().contains("node drained: maintenance succeeded");
-    until("the leader logs the finished drain", LONG, || async {
-        Ok(if worked(&a) || worked(&b) {
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_is_ready_and_takes_over_a_killed_leaders_drain() {
+    let mut env = Env::new("nm-ha-kill", 1).await;
+    if let Some(mut c) = env.ctrl.take() {
+        c.proc.kill();
+    }
+    // Both replicas pass their readiness probe (spawn waits for it), standby included.
+    let a = env.replica().await;
+    let b = env.replica().await;
+    let leader_at = env.wait_leader(&[&a, &b]).await;
+    let (mut leader, standby) = if leader_at == 0 { (a, b) } else { (b, a) };
+    assert!(standby.ready().await, "the standby replica is Ready");
+    assert!(leader.ready().await, "the leader replica is Ready");
+    let lease = env.bed.group.clone();
+    leader.wait_master_status(&lease, "1").await;
+    standby.wait_master_status(&lease, "0").await;
+
+    // The leader starts a drain that a PDB holds, then dies without a word.
+    let before = env.blocked_maintenance().await.status.expect("status");
+    let renewed = env
+        .leader_lease()
+        .await
+        .and_then(|l| l.spec)
+        .and_then(|s| s.renew_time)
+        .expect("renewTime");
+    leader.pod.proc.kill();
+    let killed = std::time::Instant::now();
+    until("the standby to take the Lease over", LEADER_LEASE * 3, || async {
+        let h = env.holder().await;
+        Ok(if h.as_ref() == Some(&standby.pod.name) {
             Poll::Ready(())
         } else {
-            Poll::Pending("no log line yet".into())
+            Poll::Pending(format!("holder {h:?}"))
         })
     })
     .await
-    .expect("leader log");
-    assert!(worked(&a) ^ worked(&b), "exactly one replica reconciled");
-    // Kill the leader: the other takes over and handles the next change.
-    let (leader, standby) = if worked(&a) {
-        (&mut a, &mut b)
-    } else {
-        (&mut b, &mut a)
+    .expect("takeover");
+    let took = killed.elapsed();
+    // The Lease's term ends LEADER_LEASE after its last renewal, which came
+    // before the kill; a takeover within that term plus the standby's 2 s
+    // retry period and request latency is what leader election promises.
+    let term_left = {
+        let renewed_at = std::time::SystemTime::from(renewed.0);
+        (renewed_at + LEADER_LEASE)
+            .duration_since(std::time::SystemTime::now() - took)
+            .unwrap_or_default()
     };
-    leader.kill();
-    env.nms()
-        .delete(&env.n("a"), &DeleteParams::default())
-        .await
-        .expect("delete");
-    env.wait_gone(&env.n("a")).await;
-    // Log lines reach the file a few milliseconds after they are logged.
-    until("the standby logs its takeover", LONG, || async {
-        Ok(if standby.log_text().contains("became leader") {
+    eprintln!("takeover {took:?} after SIGKILL; the dead leader's term had {term_left:?} left");
+    assert!(
+        took <= term_left + Duration::from_secs(4),
+        "takeover took {took:?}, the Lease term had {term_left:?} left"
+    );
+    standby.wait_master_status(&lease, "1").await;
+
+    // The new leader carries the drain on from the status the first one wrote.
+    let nm = env.nms().get(&env.n("a")).await.expect("nm");
+    let st = nm.status.expect("status");
+    assert_eq!((st.phase.clone(), st.eviction_pods, st.total_pods), (before.phase.clone(), before.eviction_pods, before.total_pods));
+    env.lift_pdb().await;
+    let done = env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded).await;
+    assert_eq!(done.status.expect("status").drain_progress, 100);
+    drop(standby);
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_upgrade_hands_over_leadership_and_keeps_status() {
+    let mut env = Env::new("nm-ha-roll", 1).await;
+    if let Some(mut c) = env.ctrl.take() {
+        c.proc.kill();
+    }
+    let mut old = env.replica().await;
+    env.wait_leader(&[&old]).await;
+    let before = env.blocked_maintenance().await.status.expect("status");
+
+    // maxSurge 1, maxUnavailable 0: the new pod starts and must become Ready
+    // (spawn waits for its readiness probe) while the old one still leads.
+    let new = env.replica().await;
+    assert_eq!(env.holder().await.as_ref(), Some(&old.pod.name), "the old pod still leads");
+    // Then the old pod gets SIGTERM; watch the Lease until the new pod holds it.
+    let term = std::time::Instant::now();
+    let status = old.pod.proc.terminate().expect("exit status");
+    let exited = term.elapsed();
+    assert!(status.success(), "SIGTERM ends the old replica cleanly: {status:?}\n{}", old.pod.proc.log_tail(30));
+    until("the new replica to lead", LEADER_LEASE, || async {
+        let h = env.holder().await;
+        Ok(if h.as_ref() == Some(&new.pod.name) {
             Poll::Ready(())
         } else {
-            Poll::Pending("no \"became leader\" line yet".into())
+            Poll::Pending(format!("holder {h:?}"))
         })
     })
     .await
-    .expect("standby took over");
-    let new_holder = leases
-        .get(&lease_name)
-        .await
-        .expect("lease")
-        .spec
-        .and_then(|s| s.holder_identity);
-    assert_ne!(new_holder, Some(holder), "leadership moved");
+    .expect("handover");
+    let leaderless = term.elapsed();
+    eprintln!("rolling upgrade: old replica exited {exited:?} after SIGTERM; new leader {leaderless:?} after SIGTERM");
+    new.wait_master_status(&env.bed.group, "1").await;
+
+    // Nothing of the status was lost in the handover, and the drain finishes.
+    let st = env.nms().get(&env.n("a")).await.expect("nm").status.expect("status");
+    assert_eq!(st.phase, before.phase);
+    assert_eq!(st.eviction_pods, before.eviction_pods);
+    assert_eq!(st.total_pods, before.total_pods);
+    assert_eq!(st.pending_pods, before.pending_pods);
+    assert_eq!(st.drain_progress, before.drain_progress);
+    env.lift_pdb().await;
+    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded).await;
+    drop(new);
     env.teardown().await;
 }
 

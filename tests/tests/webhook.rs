@@ -20,6 +20,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nmo_tests::fixtures::{GROUP_KEY, TestBed};
+use nmo_tests::deployment::Launch;
 use nmo_tests::process::{Running, service_account_kubeconfig};
 use nmo_tests::wait::{Poll, until};
 use nmo_webhook::client::{
@@ -180,26 +181,46 @@ fn issue(ca: &certs::Ca) -> certs::ServingCert {
     .expect("serving certificate")
 }
 
-/// A port that was free a moment ago (the kernel hands out a fresh one each time).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free local port")
+/// Write (or rotate) the serving set in the kubelet layout, readable by the
+/// image's user (65532) as a Secret volume with the pod's fsGroup would be.
+fn write_certs(dir: &std::path::Path, ca: &certs::Ca, cert: &certs::ServingCert) {
+    if nmo_tests::deployment::is_root() {
+        certs::write_serving_set_owned(dir, ca, cert, 65532, 65532)
+    } else {
+        certs::write_serving_set(dir, ca, cert)
+    }
+    .expect("certificates written");
 }
 
-/// The addresses the webhook logged as "listening", by endpoint name.
-fn listening(log: &str) -> BTreeMap<String, SocketAddr> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["message"] == "listening")
-        .filter_map(|v| {
-            Some((
-                v["endpoint"].as_str()?.to_string(),
-                v["addr"].as_str()?.parse().ok()?,
-            ))
-        })
-        .collect()
+/// One pod of the base webhook Deployment, from the image: its arguments with
+/// the listen addresses mapped to local ports and the certificate Secret volume
+/// standing at `cert_dir`; plain-HTTP metrics for the counters. Returns once
+/// its readiness probe passes, with its TLS, probe and metrics addresses.
+async fn launch_pod(
+    client: &Client,
+    cert_dir: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    openshift: &str,
+) -> (Running, SocketAddr, SocketAddr, SocketAddr) {
+    let pod = Launch::new("base", "nmo-webhook")
+        .volume("cert", cert_dir)
+        .kubeconfig(kubeconfig)
+        .extra_args([
+            format!("--openshift={openshift}"),
+            // Short: the rotation test also proves the periodic backstop is harmless.
+            "--cert-reload-interval=5s".to_string(),
+            "--metrics-secure=false".to_string(),
+        ])
+        .start(client)
+        .await
+        .expect("webhook started");
+    pod.wait_ready(LONG).await.expect("webhook Ready");
+    let local =
+        |p: anyhow::Result<u16>| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p.expect("mapped port"));
+    let tls = local(pod.flag_port("webhook-bind-address"));
+    let probe = local(pod.port("health"));
+    let metrics = local(pod.flag_port("metrics-bind-address"));
+    (pod.proc, tls, probe, metrics)
 }
 
 impl Webhook {
@@ -210,60 +231,22 @@ impl Webhook {
         let cert_dir = dir.join(format!("{group}-certs"));
         let ca = certs::Ca::new("nmo-tests-webhook-ca", Duration::from_secs(3600)).expect("CA");
         let cert = issue(&ca);
-        certs::write_serving_set(&cert_dir, &ca, &cert).expect("certificates written");
+        write_certs(&cert_dir, &ca, &cert);
         let kubeconfig = dir.join(format!("{group}-webhook.kubeconfig"));
         service_account_kubeconfig(client, "nmo-system", "nmo-webhook", &kubeconfig)
             .await
             .expect("webhook kubeconfig");
-        // The TLS port is chosen by the kernel (port 0) and read back from the
-        // log; shared::probes logs the requested address, not the bound one,
-        // so the plain-HTTP ports are picked here.
-        let (metrics_port, probe_port) = (free_port(), free_port());
-        let args: Vec<String> = vec![
-            "--webhook-bind-address=127.0.0.1:0".into(),
-            format!("--metrics-bind-address=127.0.0.1:{metrics_port}"),
-            format!("--health-probe-bind-address=127.0.0.1:{probe_port}"),
-            format!("--cert-dir={}", cert_dir.display()),
-            format!("--openshift={openshift}"),
-            // Short: the rotation test also proves the periodic backstop is harmless.
-            "--cert-reload-interval=5s".into(),
-        ];
-        let proc = Running::start("nmo-webhook", &args, &kubeconfig, &[]).expect("webhook started");
-        let addrs = until("the webhook to log its listen addresses", SHORT, || {
-            let text = proc.log_text();
-            async move {
-                let l = listening(&text);
-                let tls = l.get("admission webhook (TLS)").copied();
-                let probes = l.get("health probes").copied();
-                let metrics = l.get("metrics").copied();
-                Ok(match (tls, probes, metrics) {
-                    (Some(t), Some(p), Some(m)) => Poll::Ready((t, p, m)),
-                    _ => Poll::Pending(format!("listening so far: {l:?}")),
-                })
-            }
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}\nwebhook log:\n{}", proc.log_text()));
-        let wh = Webhook {
+        let (proc, tls_addr, probe_addr, metrics_addr) =
+            launch_pod(client, &cert_dir, &kubeconfig, openshift).await;
+        Webhook {
             proc,
-            tls_addr: addrs.0,
-            probe_addr: addrs.1,
-            metrics_addr: addrs.2,
+            tls_addr,
+            probe_addr,
+            metrics_addr,
             cert_dir,
             ca,
             first_cert_pem: cert.cert_pem,
-        };
-        until("the webhook's /readyz to answer 200", LONG, || async {
-            let (code, body) = http_get(wh.probe_addr, "/readyz").await?;
-            Ok(if code == 200 {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(format!("{code} {body}"))
-            })
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}\nwebhook log:\n{}", wh.proc.log_text()));
-        wh
+        }
     }
 
     fn tls(&self) -> Arc<ClientConfig> {
@@ -603,6 +586,133 @@ async fn validates_creates_and_updates_through_the_api_server() {
     api.delete(&format!("{g}-a"), &DeleteParams::default())
         .await
         .expect("delete");
+}
+
+/// A Service stand-in in front of webhook replicas: each new connection goes
+/// to the next replica that accepts it (a killed one refuses), as kube-proxy
+/// spreads connections over ready endpoints. Bytes are copied both ways.
+struct ServiceProxy {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ServiceProxy {
+    async fn start(backends: Vec<SocketAddr>) -> ServiceProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("proxy listener");
+        let port = listener.local_addr().expect("proxy address").port();
+        let next = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let backends = backends.clone();
+                let first = next.fetch_add(1, Ordering::SeqCst) as usize;
+                tokio::spawn(async move {
+                    for i in 0..backends.len() {
+                        let addr = backends[(first + i) % backends.len()];
+                        if let Ok(mut out) = tokio::net::TcpStream::connect(addr).await {
+                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        ServiceProxy { port, task }
+    }
+}
+
+impl Drop for ServiceProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_one_killed_under_load_rejects_no_create() {
+    let (client, bed, _cleanup) = setup("wh-ha", false).await;
+    let g = bed.group.clone();
+    let node = worker_node(&bed, "w").await;
+    let a = Webhook::start(&client, &g, "false").await;
+    // The second replica mounts the same certificate Secret, as pods of one Deployment do.
+    let kubeconfig = nmo_tests::repo_root().join(format!(".cluster/test-logs/{g}-webhook.kubeconfig"));
+    let (mut b_proc, b_tls, _b_probe, b_metrics) =
+        launch_pod(&client, &a.cert_dir, &kubeconfig, "false").await;
+    let proxy = ServiceProxy::start(vec![a.tls_addr, b_tls]).await;
+    register_url(&client, &g, proxy.port, &certs::ca_bundle_base64(a.ca.cert_pem())).await;
+    let api: Api<NodeMaintenance> = Api::all(client.clone());
+    dry_create_until(
+        &api,
+        &format!("{g}-probe"),
+        &format!("{g}-ghost"),
+        "the API server to call the webhook through the proxy",
+        denied_with("no node with name"),
+    )
+    .await;
+    let valid_b = || async {
+        let text = http_get(b_metrics, "/metrics").await.map(|r| r.1).unwrap_or_default();
+        metric(&text, "nmo_webhook_decisions_total", &[("allowed", "true"), ("reason", "valid")])
+    };
+
+    // A steady stream of creates (server-side dry runs: the webhook is called
+    // exactly as for a real create) from four clients; replica b is SIGKILLed
+    // once both replicas have answered some.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, rejected) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut clients = Vec::new();
+    for c in 0..4 {
+        let (api, stop, sent, rejected, errors) =
+            (api.clone(), stop.clone(), sent.clone(), rejected.clone(), errors.clone());
+        let (g, node) = (g.clone(), node.clone());
+        clients.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let r = dry_create(&api, &format!("{g}-c{c}-{i}"), &node).await;
+                sent.fetch_add(1, Ordering::SeqCst);
+                if let Err(e) = r {
+                    rejected.fetch_add(1, Ordering::SeqCst);
+                    if let Ok(mut v) = errors.lock() {
+                        v.push(format!("{e:?}"));
+                    }
+                }
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+    until("both replicas to answer creates", SHORT, || async {
+        let (va, vb) = (a.decisions("true", "valid").await, valid_b().await);
+        Ok(if va > 0.0 && vb > 0.0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending(format!("replica a {va}, replica b {vb}"))
+        })
+    })
+    .await
+    .expect("load spread over both replicas");
+    let at_kill = sent.load(Ordering::SeqCst);
+    b_proc.kill();
+    // Keep the stream going until replica a alone has answered as many again.
+    until("creates to flow through the surviving replica", LONG, || async {
+        let now = sent.load(Ordering::SeqCst);
+        Ok(if now >= at_kill * 2 + 50 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending(format!("{now} creates sent, {at_kill} before the kill"))
+        })
+    })
+    .await
+    .expect("creates after the kill");
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await.expect("client task");
+    }
+    let (sent, rejected) = (sent.load(Ordering::SeqCst), rejected.load(Ordering::SeqCst));
+    eprintln!("{sent} creates, {at_kill} before replica b was killed, {rejected} rejected");
+    assert_eq!(rejected, 0, "creates rejected while a replica died: {:?}", errors.lock().map(|v| v.clone()));
+    drop(proxy);
+    drop(a);
 }
 
 #[tokio::test]
@@ -968,7 +1078,7 @@ async fn certificate_rotation_under_load_loses_no_review() {
     let second = issue(&wh.ca);
     let want = pem_to_der(&second.cert_pem);
     let t0 = Instant::now();
-    certs::write_serving_set(&wh.cert_dir, &wh.ca, &second).expect("rotated");
+    write_certs(&wh.cert_dir, &wh.ca, &second);
     until(
         "the new certificate to be served",
         Duration::from_secs(10),
