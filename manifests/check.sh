@@ -73,6 +73,25 @@ for f in "$b" "$cm" "$os"; do
     has "$f" 'secretName: nmo-webhook-cert$' "$n: webhook does not mount Secret nmo-webhook-cert"
 done
 hasnt "$b" 'caBundle:' "base: caBundle must stay empty in base"
+# Upstream's controller arguments, secure metrics on 8443 and the RBAC it needs.
+ctrl=$out/controller-deployment.yaml
+awk 'BEGIN{RS="\n---\n"} /kind: Deployment/ && /\n  name: nmo-controller\n/' "$b" >"$ctrl"
+[ -s "$ctrl" ] || fail "base: no nmo-controller Deployment found"
+[ "$(sed -n '/^ *- args:$/,/^ *command:/p' "$ctrl" | grep -c '^ *- --')" = 4 ] ||
+    fail "base: nmo-controller must run with exactly upstream's four arguments"
+for a in --leader-elect --enable-http2=false --metrics-bind-address=:8443 --health-probe-bind-address=:8081; do
+    has "$ctrl" "^ +- $a\$" "base: nmo-controller argument $a (upstream's list) missing"
+done
+hasnt "$b" 'metrics-secure=false' "base: metrics must be served securely (no --metrics-secure=false)"
+has "$b" 'containerPort: 8443$' "base: metrics container port 8443 missing"
+has "$b" 'name: OPERATOR_NAMESPACE$' "base: OPERATOR_NAMESPACE env missing"
+has "$b" 'nonResourceURLs:$' "base: ClusterRole nmo-metrics-reader (nonResourceURLs /metrics) missing"
+has "$b" '- tokenreviews$' "base: create on tokenreviews (secure metrics) missing"
+has "$b" '- subjectaccessreviews$' "base: create on subjectaccessreviews (secure metrics) missing"
+has "$b" '^  name: nmo-metrics-auth$' "base: ClusterRole nmo-metrics-auth missing"
+has "$mon" 'scheme: https$' "monitoring: ServiceMonitors must scrape https"
+hasnt "$mon" 'scheme: http$' "monitoring: a ServiceMonitor still scrapes plain http"
+has "$mon" '^  name: nmo-metrics-reader$' "monitoring: ClusterRoleBinding to nmo-metrics-reader missing"
 has "$cm" 'cert-manager.io/inject-ca-from: nmo-system/nmo-webhook-cert$' "cert-manager: CA injection annotation missing"
 has "$cm" '^kind: Certificate$' "cert-manager: Certificate missing"
 has "$os" 'service.beta.openshift.io/serving-cert-secret-name: nmo-webhook-cert$' "openshift: serving-cert annotation missing"

@@ -146,8 +146,10 @@ while read -r pod containers; do
         fi
     done
     # A metrics snapshot through the API server's pod proxy (best effort: needs
-    # pods/proxy permission; the series are the ones the alerts use).
-    collect "metrics/${pod}.txt" k get --raw "/api/v1/namespaces/${NS}/pods/${pod}:8080/proxy/metrics"
+    # pods/proxy permission; the series are the ones the alerts use). The proxy
+    # forwards no token, so with secure metrics (the default) this records a
+    # 401; it works for pods run with --metrics-secure=false.
+    collect "metrics/${pod}.txt" k get --raw "/api/v1/namespaces/${NS}/pods/https:${pod}:8443/proxy/metrics"
 done <<<"$pods"
 
 [ -s "$errors" ] || rm -f "$errors"

@@ -22,7 +22,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, predicates, reflector, watcher};
 use kube::{Api, ResourceExt};
 use shared::NodeMaintenance;
-use shared::probes::{Readiness, bind_and_serve, metrics_router, probe_router};
+use shared::probes::{Readiness, bind_and_serve, probe_router};
 use shared::telemetry::{init_logging, parse_bind_address};
 use tokio_util::sync::CancellationToken;
 
@@ -69,7 +69,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let cache_gate = readiness.gate("NodeMaintenance cache");
     let metrics = metrics::Metrics::new().context("registering metrics")?;
 
-    // Probes and metrics first, so a slow API server still shows liveness.
+    // Probes first, so a slow API server still shows liveness.
     let mut servers = Vec::new();
     if let Some(addr) = parse_bind_address(
         "--health-probe-bind-address",
@@ -85,19 +85,6 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         .await?;
         servers.push(tokio::spawn(fut));
     }
-    if let Some(addr) =
-        parse_bind_address("--metrics-bind-address", &cfg.runtime.metrics_bind_address)?
-    {
-        let s = shutdown.clone();
-        let fut = bind_and_serve(
-            "metrics",
-            addr,
-            metrics_router(metrics.registry.clone()),
-            async move { s.cancelled().await },
-        )
-        .await?;
-        servers.push(tokio::spawn(fut));
-    }
 
     let mut kube_config = kube::Config::infer().await.context(
         "loading the Kubernetes client configuration (in-cluster or KUBECONFIG); check the service account or kubeconfig",
@@ -108,6 +95,28 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     // drain must record it and move on, not sit in a multi-minute backoff.
     kube_config.default_retry = false;
     let evict_client = metrics.counted_client(kube_config)?;
+
+    // Metrics once a client exists: the secure port asks the API server who calls.
+    if let Some(serving) = shared::metrics_server::MetricsServing::from_flags(
+        &cfg.runtime,
+        vec![format!(
+            "nmo-controller-metrics.{}.svc",
+            cfg.leader_election_namespace
+        )],
+    )? {
+        let s = shutdown.clone();
+        let fut = shared::metrics_server::serve(
+            serving,
+            metrics.registry.clone(),
+            client.clone(),
+            async move { s.cancelled().await },
+        )
+        .await?;
+        servers.push(tokio::spawn(async move {
+            fut.await;
+            Ok::<(), std::io::Error>(())
+        }));
+    }
 
     {
         let s = shutdown.clone();

@@ -8,13 +8,17 @@
 pub mod consts;
 pub mod crd;
 pub mod goflags;
+pub mod https;
 pub mod lease;
 pub mod logwriter;
+pub mod metrics_auth;
+pub mod metrics_server;
 pub mod namespace;
 pub mod nodes;
 pub mod probes;
 pub mod quorum;
 pub mod telemetry;
+pub mod tls;
 pub mod version;
 pub mod zap;
 

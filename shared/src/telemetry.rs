@@ -5,6 +5,7 @@
 //! flag syntax (see [`crate::goflags`]).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use clap::{ArgAction, Args};
 use tracing_subscriber::EnvFilter;
@@ -19,18 +20,49 @@ use crate::zap::{Encoder, ZapTime};
 /// Flags both the controller and the webhook accept.
 #[derive(Args, Debug, Clone)]
 pub struct RuntimeFlags {
-    /// Address the Prometheus `/metrics` endpoint binds to (Go style: ":8080" means every
-    /// interface, port 8080; "0" turns metrics off).
-    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8080")]
+    /// Address the Prometheus `/metrics` endpoint binds to (Go style: ":8443" means every
+    /// interface, port 8443; "0" turns metrics off).
+    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8443")]
     pub metrics_bind_address: String,
+
+    /// Serve `/metrics` over HTTPS and only to callers whose bearer token passes a
+    /// TokenReview and a SubjectAccessReview (get on the non-resource URL /metrics).
+    /// --metrics-secure=false serves plain HTTP to anyone.
+    #[arg(long, env = "METRICS_SECURE", default_value = "true", value_parser = go_bool,
+          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub metrics_secure: bool,
+
+    /// Directory with the metrics serving certificate and key (reloaded when they
+    /// change). Without it a self-signed certificate is generated at start.
+    #[arg(long, env = "METRICS_CERT_DIR", value_name = "DIR")]
+    pub metrics_cert_dir: Option<PathBuf>,
+
+    /// Certificate file name inside --metrics-cert-dir.
+    #[arg(
+        long,
+        env = "METRICS_CERT_NAME",
+        value_name = "FILE",
+        default_value = "tls.crt"
+    )]
+    pub metrics_cert_name: String,
+
+    /// Private key file name inside --metrics-cert-dir.
+    #[arg(
+        long,
+        env = "METRICS_KEY_NAME",
+        value_name = "FILE",
+        default_value = "tls.key"
+    )]
+    pub metrics_key_name: String,
 
     /// Address the `/healthz` and `/readyz` probes bind to (Go style, "0" turns them off).
     /// Always plain HTTP.
     #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
     pub health_probe_bind_address: String,
 
-    /// Enable HTTP/2 on TLS servers (the webhook's admission port; the controller
-    /// serves no TLS and accepts the flag for compatibility). Off by default to sidestep the HTTP/2 rapid-reset CVEs
+    /// Enable HTTP/2 on TLS servers (the webhook's admission port and the secure
+    /// metrics port). Off by default to sidestep the HTTP/2 rapid-reset CVEs
     /// (CVE-2023-44487, CVE-2023-39325).
     #[arg(long, env = "ENABLE_HTTP2", default_value = "false", value_parser = go_bool,
           action = ArgAction::Set, num_args = 0..=1, require_equals = true,

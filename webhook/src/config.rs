@@ -24,7 +24,8 @@ pub const CONTROLLER_RUNTIME_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-c
     long_about = "Validating admission webhook for NodeMaintenance objects \
         (nodemaintenance.medik8s.io/v1beta1).\n\n\
         Serves AdmissionReview v1 over TLS on --webhook-bind-address; probes (/healthz, /readyz) \
-        and /metrics on their own plain-HTTP ports. Answers come from watch caches of \
+        on their own plain-HTTP port; /metrics on its own port, over HTTPS for callers allowed \
+        to get /metrics (TokenReview, SubjectAccessReview) unless --metrics-secure=false. Answers come from watch caches of \
         NodeMaintenances, Node metadata and, on OpenShift, the etcd guard PDB and pods."
 )]
 pub struct Config {
@@ -138,12 +139,7 @@ pub enum ConfigError {
 }
 
 /// Where the serving certificate and key live.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertPaths {
-    pub dir: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
+pub use shared::tls::CertPaths;
 
 /// Listen addresses after parsing (None = that endpoint is off).
 #[derive(Debug, Clone)]
@@ -284,10 +280,15 @@ mod tests {
         let c = parse(&[]);
         let l = c.listeners().expect("listeners");
         assert_eq!(l.webhook, "0.0.0.0:9443".parse().expect("addr"));
-        assert_eq!(l.metrics, Some("0.0.0.0:8080".parse().expect("addr")));
+        // Upstream today: secure metrics on :8443.
+        assert_eq!(l.metrics, Some("0.0.0.0:8443".parse().expect("addr")));
+        assert!(c.runtime.metrics_secure);
+        assert_eq!(c.runtime.metrics_cert_name, "tls.crt");
+        assert_eq!(c.runtime.metrics_key_name, "tls.key");
         assert_eq!(l.probes, Some("0.0.0.0:8081".parse().expect("addr")));
         assert_eq!(c.openshift, OpenShiftMode::Auto);
         assert!(!c.runtime.enable_http2);
+        assert!(!parse(&["--metrics-secure=false"]).runtime.metrics_secure);
         assert_eq!(c.max_body_bytes, 1024 * 1024);
     }
 

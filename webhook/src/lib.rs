@@ -1,8 +1,10 @@
 //! nmo-webhook: the validating admission webhook for NodeMaintenance objects.
 //!
 //! `run` wires the parts: certificate (`tls`), watch caches (`cache`), the pure
-//! decision (`validate`) behind the hardened TLS endpoint (`server`), probes and
-//! metrics on their own plain-HTTP ports, and graceful shutdown on SIGTERM/SIGINT.
+//! decision (`validate`) behind the hardened TLS endpoint (`server`), probes on
+//! their own plain-HTTP port, metrics on theirs (HTTPS with TokenReview and
+//! SubjectAccessReview unless --metrics-secure=false), and graceful shutdown on
+//! SIGTERM/SIGINT.
 
 pub mod cache;
 pub mod client;
@@ -19,7 +21,8 @@ use std::sync::Arc;
 
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use shared::probes::{Readiness, ServeError, bind_and_serve, metrics_router, probe_router};
+use shared::metrics_server::{self, MetricsServeError, MetricsServing};
+use shared::probes::{Readiness, ServeError, bind_and_serve, probe_router};
 
 use crate::config::{Config, ConfigError};
 use crate::metrics::{Metrics, MetricsError};
@@ -33,12 +36,14 @@ pub enum Error {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
-    #[error("serving certificate: {0}")]
+    #[error("serving certificate (--cert-dir, --cert-name, --key-name): {0}")]
     Tls(#[from] TlsError),
     #[error(transparent)]
     Server(#[from] ServerError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error(transparent)]
+    MetricsServe(#[from] MetricsServeError),
     #[error(
         "cannot build a Kubernetes client: {0}; run in a pod with a service account, set KUBECONFIG or pass --kubeconfig"
     )]
@@ -61,6 +66,15 @@ async fn kube_client(config: &Config) -> Result<Client, Error> {
     Client::try_from(cfg).map_err(|e| Error::Kube(e.to_string()))
 }
 
+/// Names for a self-signed metrics certificate: the metrics Service's.
+fn metrics_server_names() -> Vec<String> {
+    let ns = shared::namespace::operator_namespace();
+    vec![
+        format!("nmo-webhook-metrics.{ns}.svc"),
+        format!("nmo-webhook-metrics.{ns}.svc.cluster.local"),
+    ]
+}
+
 /// Run the webhook until SIGTERM/SIGINT; returns once in-flight reviews are done.
 pub async fn run(config: Config) -> Result<(), Error> {
     tracing::info!(
@@ -81,7 +95,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
     let listener = server::bind(listeners.webhook).await?;
 
     let client = kube_client(&config).await?;
-    let caches = cache::Caches::start(client, config.openshift, &readiness, &metrics);
+    let caches = cache::Caches::start(client.clone(), config.openshift, &readiness, &metrics);
 
     // Probes and metrics keep answering until the process exits, so /readyz
     // reports "shutting down" while in-flight reviews finish.
@@ -95,11 +109,13 @@ pub async fn run(config: Config) -> Result<(), Error> {
         .await?;
         tokio::spawn(serving);
     }
-    if let Some(addr) = listeners.metrics {
-        let serving = bind_and_serve(
-            "metrics",
-            addr,
-            metrics_router(metrics.registry.clone()),
+    if let Some(serving) = MetricsServing::from_flags(&config.runtime, metrics_server_names())
+        .map_err(ConfigError::from)?
+    {
+        let serving = metrics_server::serve(
+            serving,
+            metrics.registry.clone(),
+            client,
             std::future::pending(),
         )
         .await?;

@@ -18,16 +18,11 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use rustls::ServerConfig;
 use shared::consts::WEBHOOK_PATH;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tokio_rustls::TlsAcceptor;
 
 use crate::metrics::Metrics;
 use crate::review;
@@ -41,15 +36,7 @@ pub struct Limits {
     pub max_concurrent_reviews: usize,
 }
 
-/// Per-connection settings of the TLS listener.
-#[derive(Debug, Clone)]
-pub struct ServeOptions {
-    pub max_connections: usize,
-    pub tls_handshake_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub enable_http2: bool,
-    pub shutdown_timeout: Duration,
-}
+pub use shared::https::ServeOptions;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -313,7 +300,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
 }
 
 /// Serve `router` over TLS on `listener` until `shutdown` completes, then
-/// finish in-flight requests (at most `opts.shutdown_timeout`).
+/// finish in-flight reviews (at most `opts.shutdown_timeout`).
 pub async fn serve(
     listener: TcpListener,
     tls: ServerConfig,
@@ -321,79 +308,15 @@ pub async fn serve(
     opts: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) {
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
-    let graceful = GracefulShutdown::new();
-    let connections = Arc::new(Semaphore::new(opts.max_connections));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(opts.idle_timeout)
-        .keep_alive(true);
-    if !opts.enable_http2 {
-        builder = builder.http1_only();
-    }
-    let builder = Arc::new(builder);
-    let mut shutdown = std::pin::pin!(shutdown);
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(endpoint = "admission webhook (TLS)", %addr, http2 = opts.enable_http2, "listening");
-    }
-
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // E.g. out of file descriptors: back off instead of spinning.
-                    tracing::warn!(error = %e, "accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, max = opts.max_connections, "connection limit reached; closing new connection (--max-connections)");
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let builder = builder.clone();
-        let service = TowerToHyperService::new(router.clone());
-        let watcher = graceful.watcher();
-        let handshake_timeout = opts.tls_handshake_timeout;
-        tokio::spawn(async move {
-            let _permit = permit;
-            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-
-    drop(listener);
-    tracing::info!(
-        connections = graceful.count(),
-        "stopped accepting; finishing in-flight reviews"
-    );
-    if tokio::time::timeout(opts.shutdown_timeout, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(timeout = ?opts.shutdown_timeout, "in-flight reviews did not finish in time; closing anyway");
-    }
+    shared::https::serve(
+        "admission webhook (TLS)",
+        listener,
+        tls,
+        router,
+        opts,
+        shutdown,
+    )
+    .await;
 }
 
 #[cfg(test)]

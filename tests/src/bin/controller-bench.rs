@@ -48,6 +48,8 @@ async fn bench(bed: &TestBed, pods: usize, runs: usize) -> anyhow::Result<()> {
     let metrics_port = free_port()?;
     let args = vec![
         format!("--metrics-bind-address=127.0.0.1:{metrics_port}"),
+        // The bench scrapes plain HTTP.
+        "--metrics-secure=false".to_string(),
         "--health-probe-bind-address=0".to_string(),
         format!("--nodemaintenance-selector={GROUP_KEY}={}", bed.group),
         "--zap-level=info".to_string(),
