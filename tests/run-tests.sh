@@ -20,7 +20,12 @@ KUBECTL="$root/.cluster/bin/kubectl" bash manifests/check.sh
 echo "== OLM bundle: drift against manifests/base, operator-verify validation"
 KUBECTL="$root/.cluster/bin/kubectl" bash tests/release/check-bundle.sh
 
+echo "== images (the integration tests run the services from them)"
+bash tests/release/images.sh
+
 echo "== integration tests against the local control plane"
-# The tests spawn the operator's binaries: build them first.
-cargo build --workspace --bins
+# Each service runs as its manifest's Deployment, out of its unpacked image
+# (tests/src/deployment.rs). NMO_TEST_BINARIES=cargo runs cargo's debug
+# binaries instead, for a quick local loop only.
+if [ "${NMO_TEST_BINARIES:-}" = cargo ]; then cargo build --workspace --bins; fi
 cargo test -p nmo-tests -- --test-threads="${NMO_TEST_THREADS:-4}"

@@ -87,6 +87,9 @@ pub struct Launch {
     volumes: BTreeMap<String, PathBuf>,
     kubeconfig: Option<PathBuf>,
     pod_name: String,
+    pinned_ports: BTreeMap<u16, u16>,
+    log: Option<PathBuf>,
+    detached: bool,
 }
 
 /// A running pod: its process and where its container ports landed.
@@ -115,6 +118,9 @@ impl Launch {
             volumes: BTreeMap::new(),
             kubeconfig: None,
             pod_name: crate::unique(deployment),
+            pinned_ports: BTreeMap::new(),
+            log: None,
+            detached: false,
         }
     }
 
@@ -139,6 +145,31 @@ impl Launch {
     /// The host directory standing in for volume `name` of the pod.
     pub fn volume(mut self, name: &str, host_dir: &Path) -> Self {
         self.volumes.insert(name.to_string(), host_dir.to_path_buf());
+        self
+    }
+
+    /// Map container port `container` to this local port (default: a free one).
+    pub fn port(mut self, container: u16, local: u16) -> Self {
+        self.pinned_ports.insert(container, local);
+        self
+    }
+
+    /// Write the process output to `path` (default: a new file under .cluster/test-logs).
+    pub fn log(mut self, path: &Path) -> Self {
+        self.log = Some(path.to_path_buf());
+        self
+    }
+
+    /// Start the process in its own process group, to outlive its starter
+    /// (`make deploy-local`); [`Pod::proc`] still holds it, see `Running::detach`.
+    pub fn detached(mut self) -> Self {
+        self.detached = true;
+        self
+    }
+
+    /// The pod name (POD_NAME, HOSTNAME and the leader election identity).
+    pub fn pod_name(mut self, name: &str) -> Self {
+        self.pod_name = name.to_string();
         self
     }
 
@@ -204,7 +235,8 @@ impl Launch {
             .clone()
             .or(container.args.clone())
             .unwrap_or(entry_args);
-        let mut ports = BTreeMap::new();
+        let mut ports = self.pinned_ports.clone();
+        let mut from_args = std::collections::BTreeSet::<u16>::new();
         let mut args = Vec::new();
         let mut all: Vec<String> = manifest_args;
         all.extend(self.extra_args.iter().cloned());
@@ -221,6 +253,9 @@ impl Launch {
                     None => (iter.next().with_context(|| format!("{what}: {a} without a value"))?, true),
                 };
                 let mapped = map_address(&value, &mut ports)?;
+                if let Some(p) = value.rsplit(':').next().and_then(|p| p.parse().ok()) {
+                    from_args.insert(p);
+                }
                 if two_tokens {
                     args.push(a.clone());
                     args.push(mapped);
@@ -241,7 +276,7 @@ impl Launch {
             if let Some(n) = &p.name {
                 port_names.insert(n.clone(), cp);
             }
-            if ports.contains_key(&cp) {
+            if from_args.contains(&cp) {
                 continue;
             }
             let var = match cp {
@@ -250,7 +285,10 @@ impl Launch {
                 8080 | 8443 => "METRICS_BIND_ADDRESS",
                 other => bail!("{what}: container port {other} is bound by no --*-bind-address argument and is no known default"),
             };
-            let local = free_port()?;
+            let local = match ports.get(&cp) {
+                Some(l) => *l,
+                None => free_port()?,
+            };
             ports.insert(cp, local);
             env.push((var.to_string(), format!("127.0.0.1:{local}")));
         }
@@ -335,7 +373,14 @@ impl Launch {
             // std drops the supplementary groups when root switches uid.
             cmd.uid(uid).gid(gid);
         }
-        let proc = Running::spawn(&self.deployment, cmd)?;
+        if self.detached {
+            use std::os::unix::process::CommandExt as _;
+            cmd.process_group(0);
+        }
+        let proc = match &self.log {
+            Some(log) => Running::spawn_logged(&self.deployment, cmd, log.clone())?,
+            None => Running::spawn(&self.deployment, cmd)?,
+        };
         Ok(Pod {
             proc,
             name: self.pod_name,

@@ -108,6 +108,8 @@ pub struct Running {
     pub child: Child,
     pub log: PathBuf,
     pub name: String,
+    /// Left running when dropped (`make deploy-local`).
+    detached: bool,
 }
 
 impl Running {
@@ -145,16 +147,23 @@ impl Running {
             child,
             log,
             name: bin.to_string(),
+            detached: false,
         })
     }
 
     /// Start a prepared command (program, arguments, environment, user);
     /// stdout and stderr go to a log file under .cluster/test-logs.
-    pub fn spawn(name: &str, mut cmd: Command) -> anyhow::Result<Running> {
+    pub fn spawn(name: &str, cmd: Command) -> anyhow::Result<Running> {
         let dir = crate::repo_root().join(".cluster/test-logs");
         std::fs::create_dir_all(&dir)?;
         let log = dir.join(format!("{}.log", crate::unique(name)));
-        let file = std::fs::File::create(&log)?;
+        Self::spawn_logged(name, cmd, log)
+    }
+
+    /// [`Running::spawn`] with the log at `log`.
+    pub fn spawn_logged(name: &str, mut cmd: Command, log: PathBuf) -> anyhow::Result<Running> {
+        let file = std::fs::File::create(&log)
+            .with_context(|| format!("creating log file {}", log.display()))?;
         cmd.stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file);
@@ -165,7 +174,14 @@ impl Running {
             child,
             log,
             name: name.to_string(),
+            detached: false,
         })
+    }
+
+    /// Leave the process running after this handle is gone; returns its pid.
+    pub fn detach(mut self) -> u32 {
+        self.detached = true;
+        self.child.id()
     }
 
     /// The last `n` lines of the log.
@@ -199,6 +215,9 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        if self.detached {
+            return;
+        }
         if std::thread::panicking() {
             let text = self.log_text();
             let tail: Vec<&str> = text.lines().rev().take(60).collect();

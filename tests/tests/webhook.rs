@@ -588,29 +588,48 @@ async fn validates_creates_and_updates_through_the_api_server() {
         .expect("delete");
 }
 
-/// A Service stand-in in front of webhook replicas: each new connection goes
-/// to the next replica that accepts it (a killed one refuses), as kube-proxy
-/// spreads connections over ready endpoints. Bytes are copied both ways.
+/// A Service stand-in in front of webhook replicas: new connections go round
+/// robin to the replicas whose readiness probe passes (looked at every 100 ms,
+/// as endpoints follow readiness), falling over to the next one that accepts.
+/// Bytes are copied both ways, as kube-proxy forwards them.
 struct ServiceProxy {
     port: u16,
-    task: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl ServiceProxy {
-    async fn start(backends: Vec<SocketAddr>) -> ServiceProxy {
+    /// `backends`: (TLS address, probe address) of each replica.
+    async fn start(backends: Vec<(SocketAddr, SocketAddr)>) -> ServiceProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("proxy listener");
         let port = listener.local_addr().expect("proxy address").port();
+        let ready: Arc<Vec<AtomicBool>> =
+            Arc::new(backends.iter().map(|_| AtomicBool::new(true)).collect());
+        let probe = {
+            let (ready, backends) = (ready.clone(), backends.clone());
+            tokio::spawn(async move {
+                loop {
+                    for (i, (_, probe)) in backends.iter().enumerate() {
+                        let ok = matches!(http_get(*probe, "/readyz").await, Ok((200, _)));
+                        ready[i].store(ok, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+        };
         let next = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(async move {
+        let accept = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
-                let backends = backends.clone();
+                let (backends, ready) = (backends.clone(), ready.clone());
                 let first = next.fetch_add(1, Ordering::SeqCst) as usize;
                 tokio::spawn(async move {
-                    for i in 0..backends.len() {
-                        let addr = backends[(first + i) % backends.len()];
-                        if let Ok(mut out) = tokio::net::TcpStream::connect(addr).await {
+                    let n = backends.len();
+                    let order = (0..n).map(|i| (first + i) % n);
+                    let (up, down): (Vec<usize>, Vec<usize>) =
+                        order.partition(|i| ready[*i].load(Ordering::SeqCst));
+                    for i in up.into_iter().chain(down) {
+                        if let Ok(mut out) = tokio::net::TcpStream::connect(backends[i].0).await {
                             let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
                             return;
                         }
@@ -618,27 +637,32 @@ impl ServiceProxy {
                 });
             }
         });
-        ServiceProxy { port, task }
+        ServiceProxy {
+            port,
+            tasks: vec![probe, accept],
+        }
     }
 }
 
 impl Drop for ServiceProxy {
     fn drop(&mut self) {
-        self.task.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_one_killed_under_load_rejects_no_create() {
+async fn two_replicas_one_stopped_under_load_rejects_no_create() {
     let (client, bed, _cleanup) = setup("wh-ha", false).await;
     let g = bed.group.clone();
     let node = worker_node(&bed, "w").await;
     let a = Webhook::start(&client, &g, "false").await;
     // The second replica mounts the same certificate Secret, as pods of one Deployment do.
     let kubeconfig = nmo_tests::repo_root().join(format!(".cluster/test-logs/{g}-webhook.kubeconfig"));
-    let (mut b_proc, b_tls, _b_probe, b_metrics) =
+    let (mut b_proc, b_tls, b_probe, b_metrics) =
         launch_pod(&client, &a.cert_dir, &kubeconfig, "false").await;
-    let proxy = ServiceProxy::start(vec![a.tls_addr, b_tls]).await;
+    let proxy = ServiceProxy::start(vec![(a.tls_addr, a.probe_addr), (b_tls, b_probe)]).await;
     register_url(&client, &g, proxy.port, &certs::ca_bundle_base64(a.ca.cert_pem())).await;
     let api: Api<NodeMaintenance> = Api::all(client.clone());
     dry_create_until(
@@ -646,7 +670,7 @@ async fn two_replicas_one_killed_under_load_rejects_no_create() {
         &format!("{g}-probe"),
         &format!("{g}-ghost"),
         "the API server to call the webhook through the proxy",
-        denied_with("no node with name"),
+        denied_with(&format!("no node with name {g}-ghost found")),
     )
     .await;
     let valid_b = || async {
@@ -655,8 +679,8 @@ async fn two_replicas_one_killed_under_load_rejects_no_create() {
     };
 
     // A steady stream of creates (server-side dry runs: the webhook is called
-    // exactly as for a real create) from four clients; replica b is SIGKILLed
-    // once both replicas have answered some.
+    // exactly as for a real create) from four clients; replica b is deleted
+    // (SIGTERM, as the kubelet stops a pod) once both replicas answered some.
     let stop = Arc::new(AtomicBool::new(false));
     let (sent, rejected) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -692,7 +716,8 @@ async fn two_replicas_one_killed_under_load_rejects_no_create() {
     .await
     .expect("load spread over both replicas");
     let at_kill = sent.load(Ordering::SeqCst);
-    b_proc.kill();
+    let status = b_proc.terminate().expect("exit status");
+    assert!(status.success(), "replica b stops cleanly on SIGTERM: {status:?}");
     // Keep the stream going until replica a alone has answered as many again.
     until("creates to flow through the surviving replica", LONG, || async {
         let now = sent.load(Ordering::SeqCst);
