@@ -100,7 +100,9 @@ fn write_layout(
         write_new_file(&data_dir.join(name), contents, mode_for(name))?;
     }
     if let Some((uid, gid)) = owner {
-        for path in std::iter::once(data_dir.clone()).chain(files.iter().map(|(n, _)| data_dir.join(n))) {
+        for path in
+            std::iter::once(data_dir.clone()).chain(files.iter().map(|(n, _)| data_dir.join(n)))
+        {
             std::os::unix::fs::chown(&path, Some(uid), Some(gid))
                 .map_err(CertError::io("changing the owner of", &path))?;
         }

@@ -72,6 +72,11 @@ impl Readiness {
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
+
+    /// Whether shutdown began (servers then stop keeping connections alive).
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
 }
 
 async fn healthz() -> &'static str {

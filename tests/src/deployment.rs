@@ -144,7 +144,8 @@ impl Launch {
 
     /// The host directory standing in for volume `name` of the pod.
     pub fn volume(mut self, name: &str, host_dir: &Path) -> Self {
-        self.volumes.insert(name.to_string(), host_dir.to_path_buf());
+        self.volumes
+            .insert(name.to_string(), host_dir.to_path_buf());
         self
     }
 
@@ -181,9 +182,16 @@ impl Launch {
 
     /// Start the pod's process; returns once it runs (see [`Pod::wait_ready`]).
     pub async fn start(self, client: &Client) -> anyhow::Result<Pod> {
-        let what = format!("Deployment {} of manifests/{}", self.deployment, self.overlay);
+        let what = format!(
+            "Deployment {} of manifests/{}",
+            self.deployment, self.overlay
+        );
         let d = deployment(&self.overlay, &self.deployment)?;
-        let namespace = d.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let namespace = d
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let pod: PodSpec = d
             .spec
             .and_then(|s| s.template.spec)
@@ -250,7 +258,11 @@ impl Launch {
             if a.starts_with('-') && name.ends_with("-bind-address") {
                 let (value, two_tokens) = match inline {
                     Some(v) => (v, false),
-                    None => (iter.next().with_context(|| format!("{what}: {a} without a value"))?, true),
+                    None => (
+                        iter.next()
+                            .with_context(|| format!("{what}: {a} without a value"))?,
+                        true,
+                    ),
                 };
                 let mapped = map_address(&value, &mut ports)?;
                 if let Some(p) = value.rsplit(':').next().and_then(|p| p.parse().ok()) {
@@ -283,7 +295,9 @@ impl Launch {
                 9443 => "WEBHOOK_BIND_ADDRESS",
                 8081 => "HEALTH_PROBE_BIND_ADDRESS",
                 8080 | 8443 => "METRICS_BIND_ADDRESS",
-                other => bail!("{what}: container port {other} is bound by no --*-bind-address argument and is no known default"),
+                other => bail!(
+                    "{what}: container port {other} is bound by no --*-bind-address argument and is no known default"
+                ),
             };
             let local = match ports.get(&cp) {
                 Some(l) => *l,
@@ -298,16 +312,21 @@ impl Launch {
         for e in container.env.iter().flatten() {
             let value = match (&e.value, &e.value_from) {
                 (Some(v), _) => v.clone(),
-                (None, Some(from)) => match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
-                    Some("metadata.name") => self.pod_name.clone(),
-                    Some("metadata.namespace") => namespace.clone(),
-                    Some("spec.nodeName") => "localhost".into(),
-                    Some("status.podIP") => "127.0.0.1".into(),
-                    Some("spec.serviceAccountName") => {
-                        pod.service_account_name.clone().unwrap_or_default()
+                (None, Some(from)) => {
+                    match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                        Some("metadata.name") => self.pod_name.clone(),
+                        Some("metadata.namespace") => namespace.clone(),
+                        Some("spec.nodeName") => "localhost".into(),
+                        Some("status.podIP") => "127.0.0.1".into(),
+                        Some("spec.serviceAccountName") => {
+                            pod.service_account_name.clone().unwrap_or_default()
+                        }
+                        other => bail!(
+                            "{what}: env {} from {other:?} is not supported by the test launcher",
+                            e.name
+                        ),
                     }
-                    other => bail!("{what}: env {} from {other:?} is not supported by the test launcher", e.name),
-                },
+                }
                 (None, None) => String::new(),
             };
             env.push((e.name.clone(), map_paths(&value, &mounts)));
@@ -392,7 +411,11 @@ impl Launch {
     }
 
     /// The program to run, the image's default arguments, and the image's user.
-    fn program(&self, c: &Container, what: &str) -> anyhow::Result<(PathBuf, Vec<String>, (u32, u32))> {
+    fn program(
+        &self,
+        c: &Container,
+        what: &str,
+    ) -> anyhow::Result<(PathBuf, Vec<String>, (u32, u32))> {
         let service = self.deployment.as_str();
         if binaries_from_cargo() {
             let bin = crate::process::binary(service);
@@ -405,7 +428,10 @@ impl Launch {
             .filter(|c| !c.is_empty())
             .unwrap_or_else(|| img.entrypoint.clone());
         let Some(first) = command.first() else {
-            bail!("{what}: neither the container nor image {} names a command", img.digest);
+            bail!(
+                "{what}: neither the container nor image {} names a command",
+                img.digest
+            );
         };
         if command.len() > 1 {
             bail!("{what}: multi-word commands are not supported by the test launcher");
@@ -445,7 +471,12 @@ impl Pod {
             .find_map(|a| a.strip_prefix(&prefix))
             .and_then(|v| v.rsplit(':').next())
             .and_then(|p| p.parse().ok())
-            .with_context(|| format!("pod {} has no {prefix}HOST:PORT argument: {:?}", self.name, self.args))
+            .with_context(|| {
+                format!(
+                    "pod {} has no {prefix}HOST:PORT argument: {:?}",
+                    self.name, self.args
+                )
+            })
     }
 
     /// Wait until the manifest's readiness probe answers 200 (as the kubelet would).
@@ -454,7 +485,10 @@ impl Pod {
             return Ok(());
         };
         let local = *self.ports.get(cp).with_context(|| {
-            format!("readiness probe port {cp} of pod {} is not mapped", self.name)
+            format!(
+                "readiness probe port {cp} of pod {} is not mapped",
+                self.name
+            )
         })?;
         let res = crate::wait::until(
             &format!("pod {} readiness probe GET {path}", self.name),
@@ -551,7 +585,10 @@ mod tests {
     #[test]
     fn mounted_paths_map_to_host_dirs() {
         let mounts = vec![("/tmp/certs".to_string(), PathBuf::from("/h/c"))];
-        assert_eq!(map_paths("--cert-dir=/tmp/certs", &mounts), "--cert-dir=/h/c");
+        assert_eq!(
+            map_paths("--cert-dir=/tmp/certs", &mounts),
+            "--cert-dir=/h/c"
+        );
         assert_eq!(map_paths("/tmp/certs/tls.crt", &mounts), "/h/c/tls.crt");
         assert_eq!(map_paths("/tmp/certsx", &mounts), "/tmp/certsx");
         assert_eq!(map_paths("--leader-elect", &mounts), "--leader-elect");

@@ -177,7 +177,11 @@ fn read_tar_entries(data: &[u8]) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
         if !entry.header().entry_type().is_file() {
             continue;
         }
-        let path = entry.path()?.to_string_lossy().trim_start_matches("./").to_string();
+        let path = entry
+            .path()?
+            .to_string_lossy()
+            .trim_start_matches("./")
+            .to_string();
         let mut buf = Vec::new();
         entry.read_to_end(&mut buf)?;
         out.insert(path, buf);
@@ -202,7 +206,10 @@ fn extract_layer(data: &[u8], media_type: &str, root: &Path) -> anyhow::Result<(
         let path = entry.path()?.to_path_buf();
         let name = path.file_name().map(|n| n.to_string_lossy().to_string());
         if name.as_deref().is_some_and(|n| n.starts_with(".wh.")) {
-            bail!("whiteout {} in a layer: the images are single-layer FROM scratch", path.display());
+            bail!(
+                "whiteout {} in a layer: the images are single-layer FROM scratch",
+                path.display()
+            );
         }
         // unpack_in refuses paths that would leave `root`.
         entry.unpack_in(root)?;

@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{Event, Node};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use nmo_tests::fixtures::{GROUP_KEY, TestBed};
 use nmo_tests::deployment::{Launch, Pod};
+use nmo_tests::fixtures::{GROUP_KEY, TestBed};
 use nmo_tests::process::service_account_kubeconfig;
 use nmo_tests::wait::{Poll, until};
 use serde_json::json;
@@ -894,10 +894,15 @@ impl Env {
     async fn wait_leader(&self, replicas: &[&Replica]) -> usize {
         until("one replica to hold the leader Lease", LONG, || async {
             let h = self.holder().await;
-            Ok(match replicas.iter().position(|r| Some(&r.pod.name) == h.as_ref()) {
-                Some(i) => Poll::Ready(i),
-                None => Poll::Pending(format!("holder {h:?}")),
-            })
+            Ok(
+                match replicas
+                    .iter()
+                    .position(|r| Some(&r.pod.name) == h.as_ref())
+                {
+                    Some(i) => Poll::Ready(i),
+                    None => Poll::Pending(format!("holder {h:?}")),
+                },
+            )
         })
         .await
         .expect("a leader")
@@ -916,13 +921,17 @@ impl Replica {
     }
 
     async fn wait_master_status(&self, lease: &str, want: &str) {
-        until(&format!("{} to report master status {want}", self.pod.name), LONG, || async {
-            Ok(match self.master_status(lease).await {
-                Ok(v) if v == want => Poll::Ready(()),
-                Ok(v) => Poll::Pending(v),
-                Err(e) => Poll::Pending(format!("{e:#}")),
-            })
-        })
+        until(
+            &format!("{} to report master status {want}", self.pod.name),
+            LONG,
+            || async {
+                Ok(match self.master_status(lease).await {
+                    Ok(v) if v == want => Poll::Ready(()),
+                    Ok(v) => Poll::Pending(v),
+                    Err(e) => Poll::Pending(format!("{e:#}")),
+                })
+            },
+        )
         .await
         .expect("leader_election_master_status");
     }
@@ -963,14 +972,18 @@ async fn standby_is_ready_and_takes_over_a_killed_leaders_drain() {
         .expect("renewTime");
     leader.pod.proc.kill();
     let killed = std::time::Instant::now();
-    until("the standby to take the Lease over", LEADER_LEASE * 3, || async {
-        let h = env.holder().await;
-        Ok(if h.as_ref() == Some(&standby.pod.name) {
-            Poll::Ready(())
-        } else {
-            Poll::Pending(format!("holder {h:?}"))
-        })
-    })
+    until(
+        "the standby to take the Lease over",
+        LEADER_LEASE * 3,
+        || async {
+            let h = env.holder().await;
+            Ok(if h.as_ref() == Some(&standby.pod.name) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!("holder {h:?}"))
+            })
+        },
+    )
     .await
     .expect("takeover");
     let took = killed.elapsed();
@@ -993,9 +1006,18 @@ async fn standby_is_ready_and_takes_over_a_killed_leaders_drain() {
     // The new leader carries the drain on from the status the first one wrote.
     let nm = env.nms().get(&env.n("a")).await.expect("nm");
     let st = nm.status.expect("status");
-    assert_eq!((st.phase.clone(), st.eviction_pods, st.total_pods), (before.phase.clone(), before.eviction_pods, before.total_pods));
+    assert_eq!(
+        (st.phase.clone(), st.eviction_pods, st.total_pods),
+        (
+            before.phase.clone(),
+            before.eviction_pods,
+            before.total_pods
+        )
+    );
     env.lift_pdb().await;
-    let done = env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded).await;
+    let done = env
+        .wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
     assert_eq!(done.status.expect("status").drain_progress, 100);
     drop(standby);
     env.teardown().await;
@@ -1014,12 +1036,20 @@ async fn rolling_upgrade_hands_over_leadership_and_keeps_status() {
     // maxSurge 1, maxUnavailable 0: the new pod starts and must become Ready
     // (spawn waits for its readiness probe) while the old one still leads.
     let new = env.replica().await;
-    assert_eq!(env.holder().await.as_ref(), Some(&old.pod.name), "the old pod still leads");
+    assert_eq!(
+        env.holder().await.as_ref(),
+        Some(&old.pod.name),
+        "the old pod still leads"
+    );
     // Then the old pod gets SIGTERM; watch the Lease until the new pod holds it.
     let term = std::time::Instant::now();
     let status = old.pod.proc.terminate().expect("exit status");
     let exited = term.elapsed();
-    assert!(status.success(), "SIGTERM ends the old replica cleanly: {status:?}\n{}", old.pod.proc.log_tail(30));
+    assert!(
+        status.success(),
+        "SIGTERM ends the old replica cleanly: {status:?}\n{}",
+        old.pod.proc.log_tail(30)
+    );
     until("the new replica to lead", LEADER_LEASE, || async {
         let h = env.holder().await;
         Ok(if h.as_ref() == Some(&new.pod.name) {
@@ -1031,18 +1061,27 @@ async fn rolling_upgrade_hands_over_leadership_and_keeps_status() {
     .await
     .expect("handover");
     let leaderless = term.elapsed();
-    eprintln!("rolling upgrade: old replica exited {exited:?} after SIGTERM; new leader {leaderless:?} after SIGTERM");
+    eprintln!(
+        "rolling upgrade: old replica exited {exited:?} after SIGTERM; new leader {leaderless:?} after SIGTERM"
+    );
     new.wait_master_status(&env.bed.group, "1").await;
 
     // Nothing of the status was lost in the handover, and the drain finishes.
-    let st = env.nms().get(&env.n("a")).await.expect("nm").status.expect("status");
+    let st = env
+        .nms()
+        .get(&env.n("a"))
+        .await
+        .expect("nm")
+        .status
+        .expect("status");
     assert_eq!(st.phase, before.phase);
     assert_eq!(st.eviction_pods, before.eviction_pods);
     assert_eq!(st.total_pods, before.total_pods);
     assert_eq!(st.pending_pods, before.pending_pods);
     assert_eq!(st.drain_progress, before.drain_progress);
     env.lift_pdb().await;
-    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded).await;
+    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
     drop(new);
     env.teardown().await;
 }

@@ -110,16 +110,24 @@ async fn ready(client: &kube::Client, what: &str, launch: Launch) -> Vec<String>
     );
     let args = pod.args.clone();
     let status = proc.terminate().expect("exit status");
-    assert!(status.success(), "{what} stops cleanly on SIGTERM: {status:?}");
+    assert!(
+        status.success(),
+        "{what} stops cleanly on SIGTERM: {status:?}"
+    );
     args
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_deployment_and_upstreams_arguments_become_ready() {
-    let client = nmo_tests::admin_client().await.expect("local control plane");
+    let client = nmo_tests::admin_client()
+        .await
+        .expect("local control plane");
     nmo_tests::manifests::install_prereqs(
         &client,
-        &["manifests/controller/rbac.yaml", "manifests/webhook/rbac.yaml"],
+        &[
+            "manifests/controller/rbac.yaml",
+            "manifests/webhook/rbac.yaml",
+        ],
     )
     .await
     .expect("CRD and RBAC");

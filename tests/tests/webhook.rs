@@ -19,8 +19,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use nmo_tests::fixtures::{GROUP_KEY, TestBed};
 use nmo_tests::deployment::Launch;
+use nmo_tests::fixtures::{GROUP_KEY, TestBed};
 use nmo_tests::process::{Running, service_account_kubeconfig};
 use nmo_tests::wait::{Poll, until};
 use nmo_webhook::client::{
@@ -215,8 +215,9 @@ async fn launch_pod(
         .await
         .expect("webhook started");
     pod.wait_ready(LONG).await.expect("webhook Ready");
-    let local =
-        |p: anyhow::Result<u16>| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p.expect("mapped port"));
+    let local = |p: anyhow::Result<u16>| {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p.expect("mapped port"))
+    };
     let tls = local(pod.flag_port("webhook-bind-address"));
     let probe = local(pod.port("health"));
     let metrics = local(pod.flag_port("metrics-bind-address"));
@@ -659,11 +660,18 @@ async fn two_replicas_one_stopped_under_load_rejects_no_create() {
     let node = worker_node(&bed, "w").await;
     let a = Webhook::start(&client, &g, "false").await;
     // The second replica mounts the same certificate Secret, as pods of one Deployment do.
-    let kubeconfig = nmo_tests::repo_root().join(format!(".cluster/test-logs/{g}-webhook.kubeconfig"));
+    let kubeconfig =
+        nmo_tests::repo_root().join(format!(".cluster/test-logs/{g}-webhook.kubeconfig"));
     let (mut b_proc, b_tls, b_probe, b_metrics) =
         launch_pod(&client, &a.cert_dir, &kubeconfig, "false").await;
     let proxy = ServiceProxy::start(vec![(a.tls_addr, a.probe_addr), (b_tls, b_probe)]).await;
-    register_url(&client, &g, proxy.port, &certs::ca_bundle_base64(a.ca.cert_pem())).await;
+    register_url(
+        &client,
+        &g,
+        proxy.port,
+        &certs::ca_bundle_base64(a.ca.cert_pem()),
+    )
+    .await;
     let api: Api<NodeMaintenance> = Api::all(client.clone());
     dry_create_until(
         &api,
@@ -674,8 +682,15 @@ async fn two_replicas_one_stopped_under_load_rejects_no_create() {
     )
     .await;
     let valid_b = || async {
-        let text = http_get(b_metrics, "/metrics").await.map(|r| r.1).unwrap_or_default();
-        metric(&text, "nmo_webhook_decisions_total", &[("allowed", "true"), ("reason", "valid")])
+        let text = http_get(b_metrics, "/metrics")
+            .await
+            .map(|r| r.1)
+            .unwrap_or_default();
+        metric(
+            &text,
+            "nmo_webhook_decisions_total",
+            &[("allowed", "true"), ("reason", "valid")],
+        )
     };
 
     // A steady stream of creates (server-side dry runs: the webhook is called
@@ -686,8 +701,13 @@ async fn two_replicas_one_stopped_under_load_rejects_no_create() {
     let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let mut clients = Vec::new();
     for c in 0..4 {
-        let (api, stop, sent, rejected, errors) =
-            (api.clone(), stop.clone(), sent.clone(), rejected.clone(), errors.clone());
+        let (api, stop, sent, rejected, errors) = (
+            api.clone(),
+            stop.clone(),
+            sent.clone(),
+            rejected.clone(),
+            errors.clone(),
+        );
         let (g, node) = (g.clone(), node.clone());
         clients.push(tokio::spawn(async move {
             let mut i = 0u64;
@@ -717,16 +737,23 @@ async fn two_replicas_one_stopped_under_load_rejects_no_create() {
     .expect("load spread over both replicas");
     let at_kill = sent.load(Ordering::SeqCst);
     let status = b_proc.terminate().expect("exit status");
-    assert!(status.success(), "replica b stops cleanly on SIGTERM: {status:?}");
+    assert!(
+        status.success(),
+        "replica b stops cleanly on SIGTERM: {status:?}"
+    );
     // Keep the stream going until replica a alone has answered as many again.
-    until("creates to flow through the surviving replica", LONG, || async {
-        let now = sent.load(Ordering::SeqCst);
-        Ok(if now >= at_kill * 2 + 50 {
-            Poll::Ready(())
-        } else {
-            Poll::Pending(format!("{now} creates sent, {at_kill} before the kill"))
-        })
-    })
+    until(
+        "creates to flow through the surviving replica",
+        LONG,
+        || async {
+            let now = sent.load(Ordering::SeqCst);
+            Ok(if now >= at_kill * 2 + 50 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!("{now} creates sent, {at_kill} before the kill"))
+            })
+        },
+    )
     .await
     .expect("creates after the kill");
     stop.store(true, Ordering::SeqCst);
@@ -735,7 +762,12 @@ async fn two_replicas_one_stopped_under_load_rejects_no_create() {
     }
     let (sent, rejected) = (sent.load(Ordering::SeqCst), rejected.load(Ordering::SeqCst));
     eprintln!("{sent} creates, {at_kill} before replica b was killed, {rejected} rejected");
-    assert_eq!(rejected, 0, "creates rejected while a replica died: {:?}", errors.lock().map(|v| v.clone()));
+    assert_eq!(
+        rejected,
+        0,
+        "creates rejected while a replica died: {:?}",
+        errors.lock().map(|v| v.clone())
+    );
     drop(proxy);
     drop(a);
 }

@@ -159,7 +159,9 @@ pub async fn run(config: Config) -> Result<(), Error> {
     server::serve(
         listener,
         tls_config,
-        server::router(state),
+        server::router(state).layer(server::close_connections_when(move || {
+            readiness.is_shutting_down()
+        })),
         opts,
         stop_accepting,
     )

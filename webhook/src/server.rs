@@ -93,6 +93,24 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Answers with `Connection: close` while `draining()` holds: during the
+/// shutdown delay every client that still reaches this replica (the API
+/// server's pooled keep-alive connections) is told to go elsewhere, so no
+/// connection is closed under a request the client has already sent.
+pub fn close_connections_when(
+    draining: impl Fn() -> bool + Clone + Send + Sync + 'static,
+) -> tower::util::MapResponseLayer<impl Fn(Response) -> Response + Clone + Send + Sync + 'static> {
+    tower::util::MapResponseLayer::new(move |mut resp: Response| {
+        if draining() {
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
+    })
+}
+
 async fn review_handler(State(st): State<AppState>, req: Request) -> Response {
     let start = Instant::now();
     st.0.in_flight.inc();
