@@ -16,9 +16,10 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
+use nmo_tests::deployment::Launch;
 use nmo_tests::fixtures::GROUP_KEY;
 use nmo_tests::manifests::install_prereqs;
-use nmo_tests::process::{Running, free_port, http_get_local, service_account_kubeconfig};
+use nmo_tests::process::{Running, http_get_local};
 use nmo_tests::wait::{Poll, until};
 use nmo_webhook::client::{ClientConfig, ReviewClient, tls_config};
 use serde_json::json;
@@ -99,7 +100,13 @@ impl Setup {
                 Duration::from_secs(3600),
             )
             .expect("serving certificate");
-        certs::write_serving_set(&cert_dir, &ca, &cert).expect("certificates written");
+        // Readable by the images' user, as a Secret volume with fsGroup would be.
+        if nmo_tests::deployment::is_root() {
+            certs::write_serving_set_owned(&cert_dir, &ca, &cert, 65532, 65532)
+        } else {
+            certs::write_serving_set(&cert_dir, &ca, &cert)
+        }
+        .expect("certificates written");
         Setup {
             reader_token: token(&client, &format!("{group}-reader")).await,
             stranger_token: token(&client, &format!("{group}-stranger")).await,
@@ -110,31 +117,32 @@ impl Setup {
         }
     }
 
-    /// Start `bin` as ServiceAccount `sa` with `args`.
-    async fn run(&self, bin: &str, sa: &str, args: Vec<String>) -> Running {
-        let kubeconfig = nmo_tests::repo_root()
-            .join(".cluster/test-logs")
-            .join(format!("{}-{bin}.kubeconfig", self.group));
-        service_account_kubeconfig(&self.client, NS, sa, &kubeconfig)
+    /// A pod of the base Deployment `name` (from its image, as its
+    /// ServiceAccount), `extra` flags after the manifest's; returns once Ready,
+    /// with the local port of its metrics endpoint.
+    async fn run(&self, name: &str, extra: Vec<String>) -> (Running, u16) {
+        let pod = Launch::new("base", name)
+            .volume("cert", &self.cert_dir)
+            .extra_args(extra)
+            .start(&self.client)
             .await
-            .expect("operator kubeconfig");
-        Running::start(bin, &args, &kubeconfig, &[]).expect("binary starts")
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        pod.wait_ready(LONG)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let port = pod.flag_port("metrics-bind-address").expect("metrics port");
+        (pod.proc, port)
     }
 
-    /// The controller with metrics on a free port, `extra` added; no probes.
+    /// The controller (its manifest's secure metrics on :8443, mapped), `extra` added.
     async fn controller(&self, extra: &str) -> (Running, u16) {
-        let port = free_port().expect("port");
         let args = vec![
-            format!("--metrics-bind-address=127.0.0.1:{port}"),
             extra.to_string(),
-            "--health-probe-bind-address=0".into(),
-            // Reconcile nothing of other tests.
+            // Reconcile nothing of other tests, lead on a Lease of our own.
             format!("--nodemaintenance-selector={GROUP_KEY}={}", self.group),
+            format!("--leader-election-id={}", self.group),
         ];
-        (
-            self.run("nmo-controller", "nmo-controller", args).await,
-            port,
-        )
+        self.run("nmo-controller", args).await
     }
 
     /// GET /metrics over TLS with an optional bearer token, once the port answers.
@@ -213,17 +221,11 @@ async fn controller_metrics_need_a_token_allowed_to_get_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_metrics_need_a_token_allowed_to_get_metrics() {
     let s = Setup::new("metrics-wh").await;
-    let port = free_port().expect("port");
-    let proc = s
+    let (proc, port) = s
         .run(
             "nmo-webhook",
-            "nmo-webhook",
             vec![
-                "--webhook-bind-address=127.0.0.1:0".into(),
-                format!("--cert-dir={}", s.cert_dir.display()),
-                format!("--metrics-bind-address=127.0.0.1:{port}"),
                 format!("--metrics-cert-dir={}", s.cert_dir.display()),
-                "--health-probe-bind-address=0".into(),
                 "--openshift=false".into(),
             ],
         )
