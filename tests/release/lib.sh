@@ -7,7 +7,8 @@ MUSL_TARGET=x86_64-unknown-linux-musl
 # Cargo's output directory (CARGO_TARGET_DIR is honoured).
 TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 # Where `make images` puts the archives: target/images/<name>.oci.tar
-IMAGES_DIR="$REPO_ROOT/target/images"
+# ($CARGO_TARGET_DIR/images when that is set).
+IMAGES_DIR="$TARGET_DIR/images"
 # Registry and repository prefix of the image names (the manifests' default).
 IMAGE_REGISTRY="${IMAGE_REGISTRY:-quay.io/nmo-rs}"
 SERVICES=(controller webhook)
