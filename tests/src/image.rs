@@ -124,10 +124,13 @@ pub fn unpack_archive(archive: &Path, cache: &Path) -> anyhow::Result<Unpacked> 
     let dir = cache.join(desc.digest.replace(':', "-"));
     let root = dir.join("rootfs");
     let done = dir.join("unpacked");
+    // One unpack at a time in this process (tests run as threads); other
+    // processes each unpack into a temp dir of their own and rename it into
+    // place, so nobody ever runs a half-written root.
+    static UNPACKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = UNPACKING.lock().unwrap_or_else(|p| p.into_inner());
     if !done.exists() {
-        // A half-unpacked root from an interrupted run is redone from scratch;
-        // parallel test processes each unpack into their own temp dir first.
-        let tmp = dir.with_extension(format!("tmp-{}", std::process::id()));
+        let tmp = dir.with_extension(format!("tmp-{}", crate::unique("unpack")));
         let _ = std::fs::remove_dir_all(&tmp);
         let tmp_root = tmp.join("rootfs");
         std::fs::create_dir_all(&tmp_root)?;
