@@ -340,9 +340,9 @@ fn generate(objects: &[Value], opts: &Options) -> anyhow::Result<BTreeMap<String
     // Objects that go into the bundle as they are (namespace removed).
     for o in objects {
         let pass = match kind(o) {
-            "Namespace" | "ServiceAccount" | "Deployment" | "ValidatingWebhookConfiguration" => {
-                false
-            }
+            "Namespace" | "Deployment" | "ValidatingWebhookConfiguration" => false,
+            // OLM creates the Deployments' ServiceAccounts; any other ships as is.
+            "ServiceAccount" => !our_sas.contains(name(o)),
             "CustomResourceDefinition" => {
                 let group = get_str(o, &["spec", "group"]).unwrap_or("");
                 let plural = get_str(o, &["spec", "names", "plural"]).unwrap_or("");
