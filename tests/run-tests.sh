@@ -28,4 +28,21 @@ echo "== integration tests against the local control plane"
 # (tests/src/deployment.rs). NMO_TEST_BINARIES=cargo runs cargo's debug
 # binaries instead, for a quick local loop only.
 if [ "${NMO_TEST_BINARIES:-}" = cargo ]; then cargo build --workspace --bins; fi
-cargo test -p nmo-tests -- --test-threads="${NMO_TEST_THREADS:-4}"
+# The RBAC audit below reads the API server's audit log from this moment on.
+audit_since="$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)"
+rc=0
+cargo test -p nmo-tests -- --test-threads="${NMO_TEST_THREADS:-4}" || rc=$?
+
+echo "== RBAC audit: what each service did (API server audit log) against what manifests/ grants"
+# Fails on a forbidden answer, a request the manifests do not grant, an unused
+# grant (tests/cluster/rbac-audit-allow.yaml names the few that cannot show),
+# and a cluster-wide grant used in one namespace only. Runs after failing tests
+# too: a forbidden answer often explains them (but then unused grants are noise).
+# The tests run controllers in private copies of nmo-system (nmo-system-<test>)
+# holding the manifests' Roles of nmo-system: requests there count for it.
+KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tests --bin rbac-audit -- \
+  --kustomize manifests/base --kustomize manifests/overlays/openshift \
+  --audit-log "${NMO_CLUSTER_DIR:-$root/.cluster}/audit/audit.log" --since "$audit_since" \
+  --allow tests/cluster/rbac-audit-allow.yaml \
+  --namespace-copy 'nmo-system-*=nmo-system' || rc=$?
+exit "$rc"

@@ -55,6 +55,43 @@ mkdir -p "$CLUSTER_DIR"
 exec 9>"$CLUSTER_DIR/.lock"
 flock 9
 
+# ---- audit log of the operator's ServiceAccounts
+# The API server writes every request of nmo-system's nmo-controller and
+# nmo-webhook at Metadata level (who, verb, resource, namespace, name, response
+# code; no bodies), nothing of anyone else (tests/cluster/audit-policy.yaml), as
+# JSON lines to $AUDIT_DIR/audit.log (rotated at 100 MB into audit-<time>.log).
+# After the integration tests, tests/src/bin/rbac-audit.rs compares them with
+# the manifests' RBAC (tests/run-tests.sh). OwnerReferencesPermissionEnforcement
+# (on in OpenShift) makes the RBAC behind ownerReference changes part of what
+# the tests prove. A plane started without these flags or with another policy
+# is replaced (once) by a fresh one.
+AUDIT_DIR="$CLUSTER_DIR/audit"
+AUDIT_POLICY="$AUDIT_DIR/policy.yaml"
+APISERVER_AUDIT_FLAGS=(
+  --audit-policy-file="$AUDIT_POLICY"
+  --audit-log-path="$AUDIT_DIR/audit.log"
+  --audit-log-format=json
+  --audit-log-maxsize=100
+  --audit-log-maxbackup=3
+  --enable-admission-plugins=OwnerReferencesPermissionEnforcement
+)
+# audit_config_current: the running API server got every flag above and read the
+# policy that tests/cluster/audit-policy.yaml is now.
+audit_config_current() {
+  local cmd f
+  cmd="$(cat "$PIDS/kube-apiserver.cmd" 2>/dev/null)" || return 1
+  for f in "${APISERVER_AUDIT_FLAGS[@]}"; do
+    [[ " $cmd " == *" $(printf '%q' "$f") "* ]] || return 1
+  done
+  cmp -s "$CLUSTER_LIB_DIR/audit-policy.yaml" "$AUDIT_POLICY"
+}
+# install_audit_policy: the API server reads its own copy, so editing the
+# source shows up as a changed configuration (audit_config_current).
+install_audit_policy() {
+  mkdir -p "$AUDIT_DIR"
+  cp "$CLUSTER_LIB_DIR/audit-policy.yaml" "$AUDIT_POLICY"
+}
+
 # ---- reuse a healthy plane
 plane_healthy() {
   [ -f "$STATE_FILE" ] || return 1
@@ -73,6 +110,10 @@ plane_healthy() {
   done
   [ -x "$CLUSTER_DIR/bin/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] || return 1
   apiserver_ready || { log "API server of the previous plane is not ready; replacing the plane"; return 1; }
+  audit_config_current || {
+    log "API server of the previous plane lacks the audit log flags or policy of this up.sh; replacing the plane"
+    return 1
+  }
 }
 
 # ---- fresh start helpers
@@ -264,7 +305,9 @@ fresh_start() {
   # --endpoint-reconciler-type=none: Endpoints may not hold loopback addresses, so
   # the reconciler of the 'kubernetes' Service would only log errors; nothing here
   # reaches the API server through that Service.
-  # Default admission plugins stay on (ServiceAccount, NamespaceLifecycle, ...).
+  # Default admission plugins stay on (ServiceAccount, NamespaceLifecycle, ...);
+  # audit log and OwnerReferencesPermissionEnforcement: APISERVER_AUDIT_FLAGS.
+  install_audit_policy
   start_component kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
@@ -276,7 +319,8 @@ fresh_start() {
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$PKI/sa.pub" \
     --service-account-signing-key-file="$PKI/sa.key" \
-    --endpoint-reconciler-type=none
+    --endpoint-reconciler-type=none \
+    "${APISERVER_AUDIT_FLAGS[@]}"
   wait_healthy kube-apiserver apiserver_ready
 
   # No --authentication/--authorization-kubeconfig for the controller manager and

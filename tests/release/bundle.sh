@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# `make bundle`: (re)writes the OLM bundle from the rendered base manifests.
+# `make bundle`: (re)writes the OLM bundle from the rendered manifests of
+# overlays/openshift: base plus the webhook's Role in openshift-etcd (the etcd
+# quorum rule needs it on OpenShift, OLM's home); bundle-gen drops what differs
+# otherwise (certificate annotations: OLM serves the webhook certificate).
 #
 #   tests/release/bundle.sh [--out DIR] [--manifests DIR] [bundle-gen options...]
 #
 # --out defaults to bundle/ (committed; for the workspace version), --manifests
-# to manifests/base. Other options go to bundle-gen (tests/src/bin/bundle-gen.rs):
+# to manifests/overlays/openshift. Other options go to bundle-gen (tests/src/bin/bundle-gen.rs):
 # --version V, --image DEPLOYMENT=IMAGE, --created-at TIME.
 # KUBECTL: the kubectl that renders (default: the local control plane's).
 set -euo pipefail
@@ -13,7 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 
 out="$REPO_ROOT/bundle"
-manifests="manifests/base"
+manifests="manifests/overlays/openshift"
 gen_args=()
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -56,10 +56,10 @@ pub async fn apply_file(client: &Client, rel: &str) -> anyhow::Result<()> {
 }
 
 /// The CRD, namespace nmo-system and the given RBAC files, then wait for the
-/// CRD to be established. Tests running in parallel apply the same objects at
-/// the same moment and can get a conflict: each apply is retried until it holds.
+/// bindings to take effect and the CRD to be established. Tests running in
+/// parallel apply the same objects at the same moment and can get a
+/// conflict: each apply is retried until it holds.
 pub async fn install_prereqs(client: &Client, rbac_files: &[&str]) -> anyhow::Result<()> {
-    use crate::wait::{Poll, until};
     let mut docs = vec![
         (
             "the NodeMaintenance CRD".to_string(),
@@ -74,19 +74,151 @@ pub async fn install_prereqs(client: &Client, rbac_files: &[&str]) -> anyhow::Re
         docs.push((f.to_string(), read(f)?));
     }
     for (what, yaml) in &docs {
-        until(
-            &format!("{what} to be applied"),
-            std::time::Duration::from_secs(30),
-            || async {
-                Ok(match apply_yaml(client, yaml).await {
-                    Ok(()) => Poll::Ready(()),
-                    Err(e) => Poll::Pending(format!("{e:#}")),
-                })
-            },
-        )
-        .await?;
+        apply_until_it_holds(client, what, yaml).await?;
+    }
+    for (what, yaml) in &docs {
+        wait_bindings_effective(client, what, yaml).await?;
     }
     wait_crd_established(client).await
+}
+
+/// Apply `yaml`, retrying for 30 s (parallel tests apply the same objects).
+async fn apply_until_it_holds(client: &Client, what: &str, yaml: &str) -> anyhow::Result<()> {
+    use crate::wait::{Poll, until};
+    until(
+        &format!("{what} to be applied"),
+        std::time::Duration::from_secs(30),
+        || async {
+            Ok(match apply_yaml(client, yaml).await {
+                Ok(()) => Poll::Ready(()),
+                Err(e) => Poll::Pending(format!("{e:#}")),
+            })
+        },
+    )
+    .await
+}
+
+/// Wait until the API server's authorizer knows every (Cluster)RoleBinding
+/// of `yaml` that names a ServiceAccount: a SubjectAccessReview of the first
+/// rule of its role must say allowed. RBAC objects reach the authorizer
+/// through a watch, a moment after they are written; a service started in
+/// between would be answered "forbidden", which the RBAC audit after the
+/// suite (tests/src/bin/rbac-audit.rs) rightly counts as a failure.
+pub async fn wait_bindings_effective(
+    client: &Client,
+    what: &str,
+    yaml: &str,
+) -> anyhow::Result<()> {
+    use crate::wait::{Poll, until};
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    use kube::api::PostParams;
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let v = serde_yaml::Value::deserialize(doc).with_context(|| format!("{what}: YAML"))?;
+        docs.push(v);
+    }
+    let str_at = |v: &serde_yaml::Value, path: &[&str]| -> Option<String> {
+        path.iter()
+            .try_fold(v, |cur, k| cur.get(*k))
+            .and_then(|x| x.as_str())
+            .map(str::to_string)
+    };
+    let first = |v: &serde_yaml::Value, key: &str| -> Option<String> {
+        v.get(key)
+            .and_then(|x| x.as_sequence())
+            .and_then(|s| s.first())
+            .and_then(|x| x.as_str())
+            .map(str::to_string)
+    };
+    for b in &docs {
+        let kind = str_at(b, &["kind"]).unwrap_or_default();
+        if kind != "RoleBinding" && kind != "ClusterRoleBinding" {
+            continue;
+        }
+        let namespace = str_at(b, &["metadata", "namespace"]);
+        let role_kind = str_at(b, &["roleRef", "kind"]).unwrap_or_default();
+        let role_name = str_at(b, &["roleRef", "name"]).unwrap_or_default();
+        let Some(rule) = docs
+            .iter()
+            .find(|r| {
+                str_at(r, &["kind"]).as_deref() == Some(role_kind.as_str())
+                    && str_at(r, &["metadata", "name"]).as_deref() == Some(role_name.as_str())
+                    && (role_kind == "ClusterRole"
+                        || str_at(r, &["metadata", "namespace"]) == namespace)
+            })
+            .and_then(|r| r.get("rules"))
+            .and_then(|r| r.as_sequence())
+            .and_then(|r| r.first())
+        else {
+            continue; // role defined elsewhere: nothing to judge here
+        };
+        let (Some(verb), Some(resource)) = (first(rule, "verbs"), first(rule, "resources")) else {
+            continue; // a non-resource rule
+        };
+        let (resource, subresource) = match resource.split_once('/') {
+            Some((r, s)) => (r.to_string(), Some(s.to_string())),
+            None => (resource, None),
+        };
+        let attrs = ResourceAttributes {
+            verb: Some(verb),
+            group: first(rule, "apiGroups"),
+            resource: Some(resource),
+            subresource,
+            name: first(rule, "resourceNames"),
+            namespace: namespace.clone(),
+            ..Default::default()
+        };
+        let subjects = b
+            .get("subjects")
+            .and_then(|s| s.as_sequence())
+            .cloned()
+            .unwrap_or_default();
+        for s in subjects {
+            if str_at(&s, &["kind"]).as_deref() != Some("ServiceAccount") {
+                continue;
+            }
+            let user = format!(
+                "system:serviceaccount:{}:{}",
+                str_at(&s, &["namespace"]).unwrap_or_default(),
+                str_at(&s, &["name"]).unwrap_or_default()
+            );
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(user.clone()),
+                    resource_attributes: Some(attrs.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let api: Api<SubjectAccessReview> = Api::all(client.clone());
+            until(
+                &format!(
+                    "{what}: {kind} {} to take effect for {user} ({attrs:?})",
+                    name_of(b)
+                ),
+                std::time::Duration::from_secs(30),
+                || async {
+                    let answer = api.create(&PostParams::default(), &review).await?;
+                    Ok(match answer.status {
+                        Some(st) if st.allowed => Poll::Ready(()),
+                        other => Poll::Pending(format!("{other:?}")),
+                    })
+                },
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+fn name_of(v: &serde_yaml::Value) -> String {
+    v.get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(|n| n.as_str())
+        .unwrap_or("?")
+        .to_string()
 }
 
 fn read(rel: &str) -> anyhow::Result<String> {
@@ -94,9 +226,82 @@ fn read(rel: &str) -> anyhow::Result<String> {
     std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
 }
 
-/// What every controller test needs.
+/// What every controller test needs: its RBAC, namespace medik8s-leases and
+/// the Role there.
 pub async fn install_controller_prereqs(client: &Client) -> anyhow::Result<()> {
-    install_prereqs(client, &["manifests/controller/rbac.yaml"]).await
+    install_prereqs(
+        client,
+        &[
+            "manifests/controller/rbac.yaml",
+            "manifests/controller/node-leases.yaml",
+        ],
+    )
+    .await
+}
+
+/// The webhook's Role in openshift-etcd (overlays/openshift), once that
+/// namespace exists; returns when the authorizer applies it.
+pub async fn install_webhook_openshift_rbac(client: &Client) -> anyhow::Result<()> {
+    let rel = "manifests/overlays/openshift/webhook-etcd-rbac.yaml";
+    let yaml = read(rel)?;
+    apply_until_it_holds(client, rel, &yaml).await?;
+    wait_bindings_effective(client, rel, &yaml).await
+}
+
+/// Names of a test's private copy of the operator's namespace:
+/// `nmo-system-<group>` (see [`operator_namespace_copy`]).
+pub const OPERATOR_NAMESPACE_COPY_PREFIX: &str = "nmo-system-";
+
+/// A private stand-in for the operator's namespace for one test: namespace
+/// `nmo-system-<group>` holding the rendered manifests' own Roles and
+/// RoleBindings of nmo-system, unchanged but for their namespace. A
+/// controller run with `--leader-election-namespace=<it>` elects on Lease
+/// 135b1886.medik8s.io (upstream's name) under exactly the manifests' rules,
+/// resourceNames included, and parallel tests do not share a leader. The RBAC
+/// audit after the suite (tests/src/bin/rbac-audit.rs, `--namespace-copy`)
+/// judges requests there against nmo-system's grants. Labelled with the
+/// test's group; [`delete_operator_namespace_copy`] removes it.
+pub async fn operator_namespace_copy(client: &Client, group: &str) -> anyhow::Result<String> {
+    let ns = format!("{OPERATOR_NAMESPACE_COPY_PREFIX}{group}");
+    let rendered = crate::deployment::render("base")?;
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n    {}: {group}\n",
+        crate::fixtures::GROUP_KEY
+    );
+    let mut copied = 0;
+    for doc in serde_yaml::Deserializer::from_str(&rendered) {
+        let mut v = serde_yaml::Value::deserialize(doc).context("rendered manifests/base")?;
+        let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+        let in_operator_ns = v
+            .get("metadata")
+            .and_then(|m| m.get("namespace"))
+            .and_then(|n| n.as_str())
+            == Some(shared::namespace::DEFAULT_NAMESPACE);
+        if (kind == "Role" || kind == "RoleBinding") && in_operator_ns {
+            if let Some(m) = v.get_mut("metadata").and_then(|m| m.as_mapping_mut()) {
+                m.insert("namespace".into(), ns.clone().into());
+            }
+            yaml.push_str("---\n");
+            yaml.push_str(&serde_yaml::to_string(&v).context("writing a Role copy")?);
+            copied += 1;
+        }
+    }
+    anyhow::ensure!(
+        copied > 0,
+        "manifests/base renders no Role or RoleBinding in namespace nmo-system to copy into {ns}"
+    );
+    let what = format!("the nmo-system Roles copied into {ns}");
+    apply_until_it_holds(client, &what, &yaml).await?;
+    wait_bindings_effective(client, &what, &yaml).await?;
+    Ok(ns)
+}
+
+/// Delete a namespace made by [`operator_namespace_copy`] (best effort).
+pub async fn delete_operator_namespace_copy(client: &Client, ns: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(ns, &kube::api::DeleteParams::default())
+        .await;
 }
 
 /// What every webhook test needs.

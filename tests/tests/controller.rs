@@ -1,6 +1,9 @@
 //! The controller against a real API server: each test gets its own kwok
 //! nodes, namespace and controller process (selecting only its own
 //! NodeMaintenances), running under the ServiceAccount and RBAC of manifests/.
+//! Leader election runs on upstream's Lease name in the test's private copy
+//! of nmo-system (the manifests' Roles there, name restriction included), so
+//! parallel tests never share a leader.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,12 +18,15 @@ use nmo_tests::fixtures::{GROUP_KEY, TestBed};
 use nmo_tests::process::service_account_kubeconfig;
 use nmo_tests::wait::{Poll, until};
 use serde_json::json;
+use shared::consts::LEADER_ELECTION_LEASE_NAME;
 use shared::{MaintenancePhase, NodeMaintenance};
 
 const LONG: Duration = Duration::from_secs(60);
 
 struct Env {
     bed: TestBed,
+    /// The test's private copy of nmo-system, home of its leader election Lease.
+    operator_ns: String,
     ctrl: Option<Pod>,
     kubeconfig: std::path::PathBuf,
     max: usize,
@@ -37,6 +43,9 @@ impl Env {
         let bed = TestBed::new(client.clone(), prefix)
             .await
             .expect("test namespace");
+        let operator_ns = nmo_tests::manifests::operator_namespace_copy(&client, &bed.group)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let dir = nmo_tests::repo_root().join(".cluster/test-logs");
         std::fs::create_dir_all(&dir).expect("log dir");
         let kubeconfig = dir.join(format!("{}.kubeconfig", bed.group));
@@ -45,6 +54,7 @@ impl Env {
             .expect("controller kubeconfig");
         let mut env = Env {
             bed,
+            operator_ns,
             ctrl: None,
             kubeconfig,
             max,
@@ -55,12 +65,13 @@ impl Env {
 
     /// Start one more controller pod (the base Deployment, from its image) for
     /// this test's NodeMaintenances, with extra flags after the manifest's.
-    /// Its own leader election Lease keeps parallel tests apart.
+    /// Its leader election in the test's copy of nmo-system keeps parallel
+    /// tests apart.
     async fn spawn_controller(&self, extra: &[String]) -> Pod {
         let mut args = vec![
             format!("--nodemaintenance-selector={GROUP_KEY}={}", self.bed.group),
             format!("--max-concurrent-maintenances={}", self.max),
-            format!("--leader-election-id={}", self.bed.group),
+            format!("--leader-election-namespace={}", self.operator_ns),
             "--zap-log-level=debug".to_string(),
         ];
         args.extend_from_slice(extra);
@@ -286,7 +297,7 @@ impl Env {
             .expect("lift the PDB");
     }
 
-    async fn teardown(self) {
+    async fn teardown(mut self) {
         // Remove our NodeMaintenances while the controller still runs, then the rest.
         let lp = ListParams::default().labels(&format!("{GROUP_KEY}={}", self.bed.group));
         if let Ok(list) = self.nms().list(&lp).await {
@@ -298,6 +309,13 @@ impl Env {
             }
         }
         self.bed.teardown().await;
+        // Stopped before its namespace goes: a leader renewing its Lease
+        // there meanwhile would be answered "forbidden".
+        if let Some(mut c) = self.ctrl.take() {
+            c.proc.kill();
+        }
+        nmo_tests::manifests::delete_operator_namespace_copy(&self.bed.client, &self.operator_ns)
+            .await;
     }
 }
 
@@ -874,10 +892,10 @@ impl Env {
         Replica { pod, metrics }
     }
 
-    /// The leader election Lease of this test (named after the group).
+    /// The leader election Lease of this test (in its copy of nmo-system).
     async fn leader_lease(&self) -> Option<Lease> {
-        Api::<Lease>::namespaced(self.client(), "nmo-system")
-            .get_opt(&self.bed.group)
+        Api::<Lease>::namespaced(self.client(), &self.operator_ns)
+            .get_opt(LEADER_ELECTION_LEASE_NAME)
             .await
             .expect("read the leader Lease")
     }
@@ -958,9 +976,9 @@ async fn standby_is_ready_and_takes_over_a_killed_leaders_drain() {
     let (mut leader, standby) = if leader_at == 0 { (a, b) } else { (b, a) };
     assert!(standby.ready().await, "the standby replica is Ready");
     assert!(leader.ready().await, "the leader replica is Ready");
-    let lease = env.bed.group.clone();
-    leader.wait_master_status(&lease, "1").await;
-    standby.wait_master_status(&lease, "0").await;
+    let lease = LEADER_ELECTION_LEASE_NAME;
+    leader.wait_master_status(lease, "1").await;
+    standby.wait_master_status(lease, "0").await;
 
     // The leader starts a drain that a PDB holds, then dies without a word.
     let before = env.blocked_maintenance().await.status.expect("status");
@@ -1001,7 +1019,7 @@ async fn standby_is_ready_and_takes_over_a_killed_leaders_drain() {
         took <= term_left + Duration::from_secs(4),
         "takeover took {took:?}, the Lease term had {term_left:?} left"
     );
-    standby.wait_master_status(&lease, "1").await;
+    standby.wait_master_status(lease, "1").await;
 
     // The new leader carries the drain on from the status the first one wrote.
     let nm = env.nms().get(&env.n("a")).await.expect("nm");
@@ -1064,7 +1082,8 @@ async fn rolling_upgrade_hands_over_leadership_and_keeps_status() {
     eprintln!(
         "rolling upgrade: old replica exited {exited:?} after SIGTERM; new leader {leaderless:?} after SIGTERM"
     );
-    new.wait_master_status(&env.bed.group, "1").await;
+    new.wait_master_status(LEADER_ELECTION_LEASE_NAME, "1")
+        .await;
 
     // Nothing of the status was lost in the handover, and the drain finishes.
     let st = env

@@ -32,6 +32,8 @@ const NS: &str = "nmo-system";
 struct Setup {
     client: Client,
     group: String,
+    /// The test's copy of nmo-system, where its controller elects a leader.
+    operator_ns: String,
     reader_token: String,
     stranger_token: String,
     cert_dir: PathBuf,
@@ -67,6 +69,9 @@ impl Setup {
         .await
         .expect("CRD, namespace and RBAC");
         let group = nmo_tests::unique(prefix);
+        let operator_ns = nmo_tests::manifests::operator_namespace_copy(&client, &group)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
         for who in ["reader", "stranger"] {
             let sa: ServiceAccount =
@@ -113,6 +118,7 @@ impl Setup {
             tls: tls_config(ca.cert_pem().as_bytes()).expect("client TLS config"),
             client,
             group,
+            operator_ns,
             cert_dir,
         }
     }
@@ -138,9 +144,9 @@ impl Setup {
     async fn controller(&self, extra: &str) -> (Running, u16) {
         let args = vec![
             extra.to_string(),
-            // Reconcile nothing of other tests, lead on a Lease of our own.
+            // Reconcile nothing of other tests, lead in our copy of nmo-system.
             format!("--nodemaintenance-selector={GROUP_KEY}={}", self.group),
-            format!("--leader-election-id={}", self.group),
+            format!("--leader-election-namespace={}", self.operator_ns),
         ];
         self.run("nmo-controller", args).await
     }
@@ -195,7 +201,9 @@ impl Setup {
         assert!(body.contains(series), "{series} missing from:\n{body}");
     }
 
+    /// Stop the services first: the Lease namespace goes away here.
     async fn teardown(&self) {
+        nmo_tests::manifests::delete_operator_namespace_copy(&self.client, &self.operator_ns).await;
         let dp = DeleteParams::default();
         let _ = Api::<ClusterRoleBinding>::all(self.client.clone())
             .delete(&format!("{}-reader", self.group), &dp)
@@ -215,6 +223,7 @@ async fn controller_metrics_need_a_token_allowed_to_get_metrics() {
     let (proc, port) = s.controller(&cert_dir).await;
     s.check_callers(&proc, port, "controller_runtime_reconcile_total")
         .await;
+    drop(proc);
     s.teardown().await;
 }
 
@@ -251,5 +260,6 @@ async fn insecure_metrics_are_plain_http_for_anyone() {
         body.contains("controller_runtime_reconcile_total"),
         "{body}"
     );
+    drop(proc);
     s.teardown().await;
 }

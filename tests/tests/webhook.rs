@@ -850,6 +850,11 @@ async fn openshift_etcd_quorum_rule() {
     let _ = Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await;
+    // The webhook reads openshift-etcd through the openshift overlay's Role
+    // there, in effect before the webhook starts watching.
+    nmo_tests::manifests::install_webhook_openshift_rbac(&client)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ETCD_NS);
     let stale = pdbs.list(&ListParams::default()).await.expect("list PDBs");
     assert!(

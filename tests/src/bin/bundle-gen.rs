@@ -1,9 +1,10 @@
-//! `bundle-gen`: writes the OLM bundle (`bundle/`) from the rendered base
-//! manifests, so the bundle and `kubectl apply -k manifests/...` install the
-//! same Deployments, RBAC and CRD.
+//! `bundle-gen`: writes the OLM bundle (`bundle/`) from the rendered
+//! manifests (overlays/openshift: base plus the webhook's openshift-etcd
+//! Role), so the bundle and `kubectl apply -k manifests/...` install the same
+//! Deployments, RBAC and CRD.
 //!
 //! ```sh
-//! kubectl kustomize manifests/base | cargo run -p nmo-tests --bin bundle-gen -- --out bundle
+//! kubectl kustomize manifests/overlays/openshift | cargo run -p nmo-tests --bin bundle-gen -- --out bundle
 //! ```
 //! (`make bundle`; `tests/release/check-bundle.sh` regenerates into a temporary
 //! directory and fails on any difference from the committed `bundle/`.)
@@ -22,13 +23,23 @@
 //! - ClusterRoles bound to the Deployments' ServiceAccounts: `clusterPermissions`;
 //!   Roles (or ClusterRoles) bound by RoleBindings in the operator's namespace:
 //!   `permissions`; other ClusterRoles (e.g. a metrics reader): bundle manifests;
+//! - Roles bound in another namespace (the controller's in medik8s-leases and
+//!   default): a CSV cannot grant rights in a namespace other than the
+//!   operator's, so their rules become `clusterPermissions`, cluster-wide: the
+//!   OLM install is wider there than `kubectl apply -k` (README.md, Security).
+//!   If the manifests create that namespace, OLM cannot (a bundle carries no
+//!   Namespace): the operator makes it itself (the controller creates
+//!   medik8s-leases when missing), so `create` on namespaces is added;
 //! - ValidatingWebhookConfiguration: `webhookdefinitions` (OLM creates the
 //!   Service `<deployment>-service`, the configuration and the certificate, and
 //!   rotates it); the webhook's own Service is dropped;
 //! - other Services, PodDisruptionBudgets, ConfigMaps, ServiceMonitors,
 //!   PrometheusRules: bundle manifests, namespace removed;
 //! - Namespace and ServiceAccounts: dropped (OLM installs into the
-//!   OperatorGroup's namespace and creates the ServiceAccounts).
+//!   OperatorGroup's namespace and creates the ServiceAccounts);
+//! - NetworkPolicies: dropped. OLM v0 carries them only from 0.32 on and OLM
+//!   v1 refuses bundles with them; manifests/README.md says how to apply them
+//!   next to an OLM install.
 //!
 //! Anything else is an error naming the object: nothing is lost silently.
 
@@ -58,7 +69,7 @@ const CSV_FILE: &str = "node-maintenance-operator-rs.clusterserviceversion.yaml"
 
 #[derive(Parser, Debug)]
 #[command(
-    about = "Write the OLM bundle from the rendered base manifests (kubectl kustomize manifests/base)"
+    about = "Write the OLM bundle from the rendered manifests (kubectl kustomize manifests/overlays/openshift)"
 )]
 struct Args {
     /// Rendered manifests (multi-document YAML); `-` = stdin.
@@ -94,7 +105,7 @@ fn main() -> anyhow::Result<()> {
     let objects = parse_documents(&text)?;
     ensure!(
         !objects.is_empty(),
-        "no objects in the input: pipe `kubectl kustomize manifests/base` into bundle-gen"
+        "no objects in the input: pipe `kubectl kustomize manifests/overlays/openshift` into bundle-gen"
     );
     let mut images = BTreeMap::new();
     for i in &args.images {
@@ -210,13 +221,21 @@ struct Workload<'a> {
 }
 
 fn generate(objects: &[Value], opts: &Options) -> anyhow::Result<BTreeMap<String, String>> {
-    let namespace = objects
-        .iter()
-        .find(|o| kind(o) == "Namespace")
-        .map(name)
-        .context("the rendered manifests have no Namespace: render manifests/base")?
-        .to_string();
     let by_kind = |k: &'static str| objects.iter().filter(move |o| kind(o) == k);
+    // The operator's namespace is its Deployments' (the manifests create other
+    // namespaces too, e.g. medik8s-leases).
+    let namespace = by_kind("Deployment")
+        .find_map(|d| get_str(d, &["metadata", "namespace"]))
+        .context("the rendered manifests have no Deployment with a namespace: render manifests/overlays/openshift")?
+        .to_string();
+    ensure!(
+        by_kind("Namespace").any(|n| name(n) == namespace),
+        "the rendered manifests do not create the Deployments' namespace {namespace}: render manifests/overlays/openshift"
+    );
+    let other_namespaces: BTreeSet<&str> = by_kind("Namespace")
+        .map(name)
+        .filter(|n| *n != namespace)
+        .collect();
 
     let workloads: Vec<Workload> = by_kind("Deployment")
         .map(|d| {
@@ -309,38 +328,58 @@ fn generate(objects: &[Value], opts: &Options) -> anyhow::Result<BTreeMap<String
             continue;
         }
         let ns = get_str(b, &["metadata", "namespace"]).unwrap_or(&namespace);
-        ensure!(
-            ns == namespace,
-            "{} grants the operator rights in namespace {ns}: a CSV can only grant namespaced rights in the operator's own namespace; use a ClusterRole + ClusterRoleBinding",
-            describe(b)
-        );
         let role = get_str(b, &["roleRef", "name"]).context("RoleBinding without roleRef.name")?;
         let rules = if get_str(b, &["roleRef", "kind"]) == Some("ClusterRole") {
             cluster_role_rules(role)?
         } else {
-            bound_roles.insert(role.to_string());
+            bound_roles.insert((ns.to_string(), role.to_string()));
             by_kind("Role")
-                .find(|r| name(r) == role)
+                .find(|r| {
+                    name(r) == role
+                        && get_str(r, &["metadata", "namespace"]).unwrap_or(&namespace) == ns
+                })
                 .map(|r| seq(r, &["rules"]).to_vec())
                 .with_context(|| {
                     format!(
-                        "{} refers to Role {role}, which is not in the manifests",
+                        "{} refers to Role {role} in namespace {ns}, which is not in the manifests",
                         describe(b)
                     )
                 })?
         };
+        if ns == namespace {
+            for sa in subjects {
+                permissions
+                    .entry(sa)
+                    .or_default()
+                    .extend(rules.iter().cloned());
+            }
+            continue;
+        }
+        // Another namespace: only cluster-wide in a CSV (see the top of the file).
+        let create_namespace = other_namespaces.contains(ns).then(|| {
+            map([
+                ("apiGroups", Value::Sequence(vec![s("")])),
+                ("resources", Value::Sequence(vec![s("namespaces")])),
+                ("verbs", Value::Sequence(vec![s("create")])),
+            ])
+        });
         for sa in subjects {
-            permissions
-                .entry(sa)
-                .or_default()
-                .extend(rules.iter().cloned());
+            let perms = cluster_permissions.entry(sa).or_default();
+            perms.extend(rules.iter().cloned());
+            if let Some(rule) = &create_namespace
+                && !perms.contains(rule)
+            {
+                perms.push(rule.clone());
+            }
         }
     }
 
     // Objects that go into the bundle as they are (namespace removed).
     for o in objects {
         let pass = match kind(o) {
-            "Namespace" | "Deployment" | "ValidatingWebhookConfiguration" => false,
+            "Namespace" | "Deployment" | "ValidatingWebhookConfiguration" | "NetworkPolicy" => {
+                false
+            }
             // OLM creates the Deployments' ServiceAccounts; any other ships as is.
             "ServiceAccount" => !our_sas.contains(name(o)),
             "CustomResourceDefinition" => {
@@ -352,7 +391,12 @@ fn generate(objects: &[Value], opts: &Options) -> anyhow::Result<BTreeMap<String
             "Service" => !webhook_services.contains(name(o)),
             "ClusterRoleBinding" | "RoleBinding" => our_subjects(o).is_empty(),
             "ClusterRole" => !bound_cluster_roles.contains(name(o)),
-            "Role" => !bound_roles.contains(name(o)),
+            "Role" => !bound_roles.contains(&(
+                get_str(o, &["metadata", "namespace"])
+                    .unwrap_or(&namespace)
+                    .to_string(),
+                name(o).to_string(),
+            )),
             "PodDisruptionBudget"
             | "ConfigMap"
             | "ServiceMonitor"
@@ -1261,6 +1305,103 @@ webhooks:
         assert!(
             format!("{err:#}").contains("mounts Secret nmo-webhook-cert"),
             "{err:#}"
+        );
+    }
+
+    /// Roles in namespaces other than the operator's become cluster-wide
+    /// rules (plus `create` on namespaces for one the manifests create), the
+    /// operator's namespace is the Deployments' even when another Namespace
+    /// sorts first, and NetworkPolicies stay out of the bundle.
+    #[test]
+    fn foreign_namespace_roles_become_cluster_permissions() {
+        let extra = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: medik8s-leases}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: leases, namespace: medik8s-leases}
+rules: [{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, create]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: leases, namespace: medik8s-leases}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: leases}
+subjects: [{kind: ServiceAccount, name: nmo-webhook, namespace: nmo-system}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: events, namespace: default}
+rules: [{apiGroups: [""], resources: [events], verbs: [create]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: events, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: events}
+subjects: [{kind: ServiceAccount, name: nmo-webhook, namespace: nmo-system}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: own, namespace: nmo-system}
+rules: [{apiGroups: [coordination.k8s.io], resources: [leases], resourceNames: [x], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: own, namespace: nmo-system}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: own}
+subjects: [{kind: ServiceAccount, name: nmo-webhook, namespace: nmo-system}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: nmo-webhook, namespace: nmo-system}
+spec: {podSelector: {}, policyTypes: [Ingress]}
+"#;
+        let text = format!("{extra}---{FIXTURE}");
+        let files =
+            generate(&parse_documents(&text).expect("yaml"), &default_opts()).expect("generates");
+        assert!(
+            !files
+                .keys()
+                .any(|f| f.contains("networkpolicy") || f.contains("_role.yaml")),
+            "{:?}",
+            files.keys().collect::<Vec<_>>()
+        );
+        let csv: Value =
+            serde_yaml::from_str(&files[&format!("manifests/{CSV_FILE}")]).expect("csv");
+        assert!(
+            files[&format!("manifests/{CSV_FILE}")]
+                .contains("operatorframework.io/suggested-namespace: nmo-system")
+        );
+        let cluster = seq(&csv, &["spec", "install", "spec", "clusterPermissions"]);
+        assert_eq!(cluster.len(), 1);
+        let rules: Vec<String> = seq(&cluster[0], &["rules"])
+            .iter()
+            .map(|r| serde_json::to_string(r).expect("json"))
+            .collect();
+        // own ClusterRole (1) + auth-delegator (2) + leases + namespaces create + events
+        assert_eq!(rules.len(), 6, "{rules:#?}");
+        assert!(
+            rules
+                .iter()
+                .any(|r| r.contains("leases") && r.contains("create"))
+        );
+        assert!(
+            rules
+                .iter()
+                .any(|r| r.contains("namespaces") && r.contains("create"))
+        );
+        assert!(rules.iter().any(|r| r.contains("events")));
+        let own = seq(&csv, &["spec", "install", "spec", "permissions"]);
+        assert_eq!(
+            own.len(),
+            1,
+            "the operator namespace's Role stays a permission"
+        );
+        assert!(
+            serde_json::to_string(&own[0])
+                .expect("json")
+                .contains("resourceNames")
         );
     }
 }
