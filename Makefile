@@ -37,7 +37,7 @@ cluster-up: ## Build (cached) and start the local control plane; kubeconfig in .
 cluster-down: ## Stop every process of the local control plane
 	bash tests/cluster/down.sh
 
-deploy-local: ## Build release binaries and run webhook + controller against the local cluster
+deploy-local: ## Build the images and run webhook + controller from them, with manifests/base's arguments, against the local cluster
 	bash tests/deploy/deploy-local.sh
 
 undeploy-local: ## Stop the locally running webhook and controller

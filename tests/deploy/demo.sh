@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make demo`: a guided planned maintenance on the local control plane.
-# Brings up the cluster and both services, puts a workload on a node, creates
-# a NodeMaintenance, prints the drain as it happens, shows what the node
-# carries and the events, then deletes the NodeMaintenance and shows the node
-# given back.
+# Brings up the cluster and both services (tests/deploy/deploy-local.sh: from
+# their images, as their manifests/base Deployments run them), puts a workload
+# on a node, creates a NodeMaintenance, prints the drain as it happens, shows
+# what the node carries and the events, then deletes the NodeMaintenance and
+# shows the node given back.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO_ROOT"
