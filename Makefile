@@ -52,7 +52,7 @@ bench: ## Performance figures: webhook reviews/s and latency, controller drain t
 images: ## OCI image archives of both services in target/images/ (static musl binaries, FROM scratch, reproducible, no container daemon)
 	bash tests/release/images.sh
 
-bundle: ## Regenerate the OLM bundle in bundle/ from manifests/base (commit the result)
+bundle: ## Regenerate the OLM bundle in bundle/ from manifests/overlays/openshift (commit the result)
 	bash tests/release/bundle.sh
 
 check-bundle: ## Bundle drift check and Operator Framework validation (operator-verify, built and cached)

@@ -37,7 +37,7 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(
-        "setting up leader election on Lease {namespace}/{name}: {source}; check the namespace exists and the controller's Role allows get/create/update on leases there"
+        "setting up leader election on Lease {namespace}/{name}: {source}; check the namespace exists and the controller's Role there allows get and patch on this Lease (by name) and create on leases; a different --leader-election-id needs its name in that Role"
     )]
     Setup {
         namespace: String,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the committed OLM bundle (bundle/):
 #   1. the base manifests' image tags are the workspace version (Cargo.toml)
-#   2. drift: bundle/ is exactly what `make bundle` generates from manifests/base
+#   2. drift: bundle/ is exactly what `make bundle` generates from manifests/overlays/openshift
 #   3. the Operator Framework's validators accept it: `operator-verify manifests`
 #      (github.com/operator-framework/api, with --object_validate) and
 #      nmo-bundle-validate (same library, plus OperatorHub v2, capabilities,
