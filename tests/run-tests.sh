@@ -20,8 +20,17 @@ KUBECTL="$root/.cluster/bin/kubectl" bash manifests/check.sh
 echo "== OLM bundle: drift against manifests/base, operator-verify validation"
 KUBECTL="$root/.cluster/bin/kubectl" bash tests/release/check-bundle.sh
 
-echo "== images (the integration tests run the services from them)"
+echo "== images (the integration tests run the services from them), built twice: same digests"
 bash tests/release/images.sh
+digests="${CARGO_TARGET_DIR:-$root/target}/images/digests.txt"
+first="$(cat "$digests")"
+bash tests/release/images.sh >/dev/null
+if [ "$(cat "$digests")" != "$first" ]; then
+  echo "images are not reproducible: a second make images gave other digests" >&2
+  diff <(echo "$first") "$digests" >&2 || true
+  exit 1
+fi
+echo "images reproducible: $(awk '{print $1 "@" $3}' "$digests" | tr '\n' ' ')"
 
 echo "== integration tests against the local control plane"
 # Each service runs as its manifest's Deployment, out of its unpacked image
