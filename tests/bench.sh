@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: performance figures on the local control plane, printed (not
-# asserted): controller drain time / API requests / RSS, webhook throughput.
+# asserted): controller drain time / API requests / RSS, webhook throughput,
+# how soon after a kube-apiserver restart the controller finishes its work.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -12,3 +13,16 @@ echo "== controller"
 NMO_BIN_PROFILE=release ./target/release/controller-bench
 echo "== webhook"
 bash tests/deploy/bench-webhook.sh
+echo "== recovery from a kube-apiserver restart (SIGKILL, down 8 s; tests/tests/restarts.rs)"
+# The restart tests themselves, on the release binaries; each prints a
+# "restart figure:" line. They restart the plane's API server four times.
+log="$(mktemp)"
+if NMO_TEST_BINARIES=cargo NMO_BIN_PROFILE=release cargo test -q -p nmo-tests --test restarts -- \
+  --ignored --test-threads=1 --nocapture apiserver_restart >"$log" 2>&1; then
+  sed -n 's/^restart figure: /  /p' "$log"
+  rm -f "$log"
+else
+  tail -n 60 "$log"
+  echo "restart tests failed; full output in $log" >&2
+  exit 1
+fi

@@ -3,6 +3,7 @@
 
 mod classify;
 mod config;
+mod conflicts;
 mod drain;
 mod events;
 mod leadership;
@@ -55,6 +56,22 @@ async fn shutdown_signal() {
         _ = term => {},
         _ = tokio::signal::ctrl_c() => {},
     }
+}
+
+/// A watch failed; it reconnects on its own (see `shared::watch`).
+fn log_watch_error(resource: &str, e: &watcher::Error) {
+    if matches!(e, watcher::Error::WatchError(s) if s.code == 410) {
+        tracing::info!(
+            error = %e,
+            "watch of {resource} expired (the API server no longer holds its position, e.g. after a restart); listing it again"
+        );
+        return;
+    }
+    tracing::warn!(
+        error = %e,
+        "watch of {resource} failed; reconnecting within 2 s. If this repeats, check that the API \
+         server is reachable and that the controller's ClusterRole grants list and watch on {resource}"
+    );
 }
 
 fn instance_name() -> String {
@@ -151,17 +168,30 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let (store, writer) = reflector::store();
     // Reconcile on what matters (spec, finalizers, deletion), not on our own
     // status writes: the drain schedules its own next round.
-    // Ready once the first full list of NodeMaintenances is in the cache.
+    // Ready once the first full list of NodeMaintenances is in the cache. A
+    // later full list means the watch had lost track (410 Gone after an API
+    // server restart, or a failed watch): once the store holds it, every
+    // NodeMaintenance is reconciled, as an informer's re-list does upstream, so
+    // a round that failed while the API server was away is not left waiting
+    // for its requeue.
     let synced = cache_gate.clone();
+    let (relisted_tx, relisted) = futures::channel::mpsc::unbounded::<()>();
     let nm_stream = watcher(nm_api, wc)
-        .default_backoff()
-        .inspect(move |event| {
-            if matches!(event, Ok(watcher::Event::InitDone)) && !synced.is_open() {
+        .reflect(writer)
+        .inspect(move |event| match event {
+            Ok(watcher::Event::InitDone) if !synced.is_open() => {
                 synced.set(true);
                 tracing::info!("NodeMaintenance cache synced");
             }
+            Ok(watcher::Event::InitDone) => {
+                tracing::info!(
+                    "NodeMaintenance watch listed everything again (it had lost track); reconciling every NodeMaintenance"
+                );
+                let _ = relisted_tx.unbounded_send(());
+            }
+            Err(e) => log_watch_error("nodemaintenances.nodemaintenance.medik8s.io", e),
+            Ok(_) => {}
         })
-        .reflect(writer)
         .applied_objects()
         .predicate_filter(
             |nm: &NodeMaintenance| {
@@ -185,6 +215,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         max_concurrent_maintenances: cfg.max_concurrent_maintenances,
         max_concurrent_evictions: cfg.max_concurrent_evictions,
         leadership: leadership.clone(),
+        conflicts: conflicts::ConflictStreaks::default(),
     });
 
     // A node change (someone uncordons it, removes a taint) reaches the
@@ -192,7 +223,11 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let node_store = store.clone();
     let nodes: Api<Node> = Api::all(client.clone());
     let node_watch = watcher(nodes, watcher::Config::default())
-        .default_backoff()
+        .inspect(|event| {
+            if let Err(e) = event {
+                log_watch_error("nodes", e);
+            }
+        })
         .applied_objects()
         .predicate_filter(
             |n: &Node| {
@@ -213,7 +248,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             Default::default(),
         );
 
+    // After an error from either watch the Controller pauses both before it
+    // polls them again (which reconnects them); its default pause is
+    // client-go's, growing to 30 s: the half minute of blindness after an API
+    // server restart. Ours retries within 0.1-2 s (shared::watch).
     let controller = Controller::for_stream(nm_stream, store)
+        .trigger_backoff(shared::watch::reconnect_backoff())
         .watches_stream(node_watch, move |node: Node| {
             let name = node.name_any();
             node_store
@@ -224,6 +264,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
         })
         .reconcile_all_on(leadership.acquired(ctx.metrics.clone()))
+        .reconcile_all_on(relisted)
         .graceful_shutdown_on({
             let s = shutdown.clone();
             async move { s.cancelled().await }

@@ -21,6 +21,7 @@ use shared::consts::{
 };
 use shared::{MaintenancePhase, NodeMaintenance, NodeMaintenanceStatus};
 
+use crate::conflicts::ConflictStreaks;
 use crate::drain::{self, PodOutcome};
 use crate::events::Events;
 use crate::leadership::Leadership;
@@ -53,7 +54,7 @@ pub enum Error {
         "node {node} changed while we patched it (someone updated its taints at the same time); retrying with a fresh copy"
     )]
     NodeChanged { node: String },
-    #[error("failed to update NodeMaintenance {name}: {source}")]
+    #[error("failed to read or write NodeMaintenance {name}: {source}")]
     NodeMaintenance {
         name: String,
         #[source]
@@ -112,6 +113,8 @@ pub struct Ctx {
     pub max_concurrent_maintenances: usize,
     pub max_concurrent_evictions: usize,
     pub leadership: Leadership,
+    /// Conflicts in a row per NodeMaintenance (see `error_policy`).
+    pub conflicts: ConflictStreaks,
 }
 
 pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -122,25 +125,34 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
     }
     let started = Instant::now();
     let api: Api<NodeMaintenance> = Api::all(ctx.client.clone());
+    let name = nm.name_any();
     // kube's client waits up to 295 s on a request (sized for watches); one
     // hung request must not hold this NodeMaintenance for minutes. Every step
     // is idempotent and status writes are version-checked, so cutting a
     // reconcile short and retrying is safe.
-    let bounded = tokio::time::timeout(
-        RECONCILE_TIMEOUT,
-        finalizer(&api, FINALIZER, nm.clone(), |event| async {
-            match event {
-                FinalizerEvent::Apply(nm) => apply(&nm, &ctx).await,
-                FinalizerEvent::Cleanup(nm) => cleanup(&nm, &ctx).await,
-            }
-        }),
-    )
+    let bounded = tokio::time::timeout(RECONCILE_TIMEOUT, async {
+        match route(&api, nm.clone(), &ctx).await {
+            // Our copy came from the watch cache and the API server holds a
+            // newer one (the cache lags, e.g. while a watch reconnects after
+            // an API server restart): decide again on the live object now,
+            // rather than retrying on the same stale copy until the cache
+            // catches up.
+            Err(e) if e.is_conflict() => match api.get_opt(&name).await {
+                Ok(Some(live)) => {
+                    tracing::debug!(nodemaintenance = %name, "stale NodeMaintenance in cache; deciding again on a fresh read");
+                    route(&api, Arc::new(live), &ctx).await
+                }
+                Ok(None) => Ok(Action::await_change()),
+                Err(source) => Err(Error::NodeMaintenance { name: name.clone(), source }),
+            },
+            other => other,
+        }
+    })
     .await;
-    let result = match bounded {
-        Ok(Ok(action)) => Ok(action),
-        Ok(Err(e)) => Err(Error::Finalizer(Box::new(e))),
-        Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
-    };
+    let result = bounded.unwrap_or(Err(Error::Timeout(RECONCILE_TIMEOUT)));
+    if !matches!(&result, Err(e) if e.is_conflict()) {
+        ctx.conflicts.clear(&name);
+    }
     let label = match &result {
         Ok(a) if *a == Action::await_change() => "success",
         Ok(_) => "requeue_after",
@@ -155,11 +167,30 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
     result
 }
 
-pub fn error_policy(nm: Arc<NodeMaintenance>, err: &Error, _ctx: Arc<Ctx>) -> Action {
+/// Apply or clean up `nm`, through the finalizer.
+async fn route(
+    api: &Api<NodeMaintenance>,
+    nm: Arc<NodeMaintenance>,
+    ctx: &Ctx,
+) -> Result<Action, Error> {
+    finalizer(api, FINALIZER, nm, |event| async {
+        match event {
+            FinalizerEvent::Apply(nm) => apply(&nm, ctx).await,
+            FinalizerEvent::Cleanup(nm) => cleanup(&nm, ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+pub fn error_policy(nm: Arc<NodeMaintenance>, err: &Error, ctx: Arc<Ctx>) -> Action {
     if err.is_conflict() {
-        // Our cache was behind the object: retry as soon as it has caught up.
-        tracing::debug!(nodemaintenance = %nm.name_any(), "stale NodeMaintenance in cache; retrying");
-        return Action::requeue(Duration::from_millis(200));
+        // Even the fresh read lost to a newer version: someone else is writing
+        // this object right now. Back off instead of spinning.
+        let wait = ctx.conflicts.record(&nm.name_any());
+        tracing::debug!(nodemaintenance = %nm.name_any(), retry_in_ms = wait.as_millis() as u64,
+            "NodeMaintenance changed again under a fresh read; retrying");
+        return Action::requeue(wait);
     }
     tracing::warn!(
         nodemaintenance = %nm.name_any(), node = %nm.spec.node_name,
@@ -318,6 +349,8 @@ async fn apply(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Action, Error> {
     }
     match apply_admitted(nm, ctx, status.clone()).await {
         Ok(action) => Ok(action),
+        // A conflict is no news for the user: reconcile retries on a fresh read.
+        Err(e) if e.is_conflict() => Err(e),
         Err(e) => {
             // Keep the reason visible on the object, as upstream does.
             let mut st = status;

@@ -20,6 +20,7 @@ pub mod quorum;
 pub mod telemetry;
 pub mod tls;
 pub mod version;
+pub mod watch;
 pub mod zap;
 
 pub use crd::{

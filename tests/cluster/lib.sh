@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2034  # (variables are used by the scripts sourcing this)
-# Shared helpers for up.sh, down.sh and add-nodes.sh. Sourced, never run.
+# Shared helpers for up.sh, down.sh, restart.sh and add-nodes.sh. Sourced, never run.
 #
 # State layout (all under $CLUSTER_DIR, default <repo>/.cluster, git-ignored):
 #   state.env         ports and bin dir of the running plane (sourced by the scripts)
@@ -141,6 +141,62 @@ wipe_state() {
     "${CLUSTER_DIR:?}/bin" "${CLUSTER_DIR:?}/state.env" "${CLUSTER_DIR:?}/env" \
     "${CLUSTER_DIR:?}/kubeconfig"
 }
+
+# ---- starting one component (up.sh starts them all; restart.sh one again)
+
+# start_component NAME CMD...: detached from this script's session (setsid) and
+# immune to SIGHUP (nohup) so it outlives `make cluster-up`. Every inherited
+# descriptor above 2 is closed first: our lock (fd 9) must not be held by a daemon,
+# and a caller's pipe (CI capturing output, make's jobserver) must not be kept open
+# by one, or whoever waits for EOF on it would hang. The subshell execs, so $! is
+# the component's own pid.
+start_component() {
+  local name=$1; shift
+  printf '%q ' "$@" >"$PIDS/$name.cmd"
+  log "starting $name (log: $LOGS/$name.log)"
+  (
+    for fd in /proc/"$BASHPID"/fd/*; do
+      fd="${fd##*/}"
+      if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
+    done
+    exec setsid nohup "$@" </dev/null >"$LOGS/$name.log" 2>&1
+  ) &
+  echo "$!" >"$PIDS/$name.pid"
+}
+
+component_failed() {
+  local name=$1 why=$2
+  {
+    echo "[cluster] ERROR: $name $why"
+    echo "  command: $(cat "$PIDS/$name.cmd" 2>/dev/null)"
+    echo "  log:     $LOGS/$name.log"
+    echo "  last lines of the log:"
+    tail -n 40 "$LOGS/$name.log" 2>/dev/null | sed 's/^/    /'
+  } >&2
+  exit 1
+}
+
+# wait_healthy NAME CHECK...: polls CHECK until it succeeds, failing fast if the
+# process died and after COMPONENT_TIMEOUT seconds otherwise.
+wait_healthy() {
+  local name=$1; shift
+  local t0=$SECONDS next=$((SECONDS + 5))
+  until "$@"; do
+    pid_of "$name" >/dev/null || component_failed "$name" "exited during startup"
+    [ "$SECONDS" -lt $((t0 + COMPONENT_TIMEOUT)) ] ||
+      component_failed "$name" "not healthy after $COMPONENT_TIMEOUT s (check: $*)"
+    if [ "$SECONDS" -ge "$next" ]; then
+      log "  $name: still waiting ($((SECONDS - t0)) s)"
+      next=$((SECONDS + 5))
+    fi
+    sleep 0.2
+  done
+  log "$name healthy after $((SECONDS - t0)) s"
+}
+
+etcd_ok() { [[ "$(curl -fsS --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null)" == *'"health":"true"'* ]]; }
+https_healthz() { [ "$(curl -fsSk --max-time 2 "https://127.0.0.1:$1/healthz" 2>/dev/null)" = ok ]; }
+kwok_ok() { curl -fsS --max-time 2 "http://127.0.0.1:$KWOK_PORT/healthz" >/dev/null 2>&1; }
 
 # kubectl against the admin kubeconfig
 kc() { "$CLUSTER_DIR/bin/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }

@@ -188,6 +188,29 @@ impl TestBed {
             .await?)
     }
 
+    /// Wait until kube-controller-manager has computed the status of PDB
+    /// `name` over `expected_pods` pods (evictions are judged on it).
+    pub async fn wait_pdb_status(
+        &self,
+        name: &str,
+        expected_pods: i32,
+        deadline: std::time::Duration,
+    ) -> anyhow::Result<()> {
+        use crate::wait::{Poll, until};
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &self.namespace);
+        until(&format!("PDB {name} status computed"), deadline, || async {
+            let st = pdbs.get(name).await?.status.unwrap_or_default();
+            Ok(
+                if st.observed_generation.is_some() && st.expected_pods == expected_pods {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending(format!("{st:?}"))
+                },
+            )
+        })
+        .await
+    }
+
     /// Pods of this test's namespace, by node name.
     pub async fn pods_by_node(&self) -> anyhow::Result<BTreeMap<String, Vec<Pod>>> {
         let pods = Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
@@ -221,6 +244,72 @@ impl TestBed {
             }
         }
     }
+}
+
+/// What a controller test starts from: the CRD and the controller's RBAC
+/// installed, its [`TestBed`], its private copy of nmo-system (home of its
+/// leader election Lease, see [`crate::manifests::operator_namespace_copy`])
+/// and a kubeconfig of the nmo-controller ServiceAccount.
+pub struct ControllerBed {
+    pub bed: TestBed,
+    pub operator_ns: String,
+    pub kubeconfig: std::path::PathBuf,
+}
+
+impl ControllerBed {
+    pub async fn new(prefix: &str) -> ControllerBed {
+        let client = crate::admin_client().await.expect("local control plane");
+        crate::manifests::install_controller_prereqs(&client)
+            .await
+            .expect("CRD and RBAC installed");
+        let bed = TestBed::new(client.clone(), prefix)
+            .await
+            .expect("test namespace");
+        let operator_ns = crate::manifests::operator_namespace_copy(&client, &bed.group)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let dir = crate::repo_root().join(".cluster/test-logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        let kubeconfig = dir.join(format!("{}.kubeconfig", bed.group));
+        crate::process::service_account_kubeconfig(
+            &client,
+            "nmo-system",
+            "nmo-controller",
+            &kubeconfig,
+        )
+        .await
+        .expect("controller kubeconfig");
+        ControllerBed {
+            bed,
+            operator_ns,
+            kubeconfig,
+        }
+    }
+}
+
+/// Undo a controller test (best effort): its NodeMaintenances are deleted
+/// while its controller still runs, then its namespace and nodes go; the
+/// controller is stopped before its copy of nmo-system goes (a leader renewing
+/// its Lease there meanwhile would be answered "forbidden").
+pub async fn teardown_controller_test(
+    bed: &TestBed,
+    operator_ns: &str,
+    controller: Option<&mut crate::process::Running>,
+) {
+    let nms: Api<shared::NodeMaintenance> = Api::all(bed.client.clone());
+    let lp = kube::api::ListParams::default().labels(&format!("{GROUP_KEY}={}", bed.group));
+    if let Ok(list) = nms.list(&lp).await {
+        for nm in list.items {
+            if let Some(name) = nm.metadata.name {
+                let _ = nms.delete(&name, &DeleteParams::default()).await;
+            }
+        }
+    }
+    bed.teardown().await;
+    if let Some(c) = controller {
+        c.kill();
+    }
+    crate::manifests::delete_operator_namespace_copy(&bed.client, operator_ns).await;
 }
 
 /// Merge JSON `extra` into `base` (objects merged recursively, everything else replaced).

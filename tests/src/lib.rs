@@ -7,8 +7,10 @@ pub mod deployment;
 pub mod fixtures;
 pub mod image;
 pub mod manifests;
+pub mod plane;
 pub mod process;
 pub mod wait;
+pub mod webhook_pod;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -25,9 +27,18 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".."))
 }
 
+/// The local plane's state directory: `NMO_CLUSTER_DIR` when set (as the
+/// tests/cluster scripts read it, e.g. a second plane for restart tests),
+/// else `<repo>/.cluster`.
+pub fn cluster_dir() -> PathBuf {
+    std::env::var_os("NMO_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".cluster"))
+}
+
 /// The admin kubeconfig written by `make cluster-up`.
 pub fn kubeconfig_path() -> PathBuf {
-    repo_root().join(".cluster/kubeconfig")
+    cluster_dir().join("kubeconfig")
 }
 
 /// An admin client for the local control plane, or an error that says how to start it.
@@ -55,7 +66,7 @@ pub fn unique(prefix: &str) -> String {
 
 /// The cluster's component logs, tail of each, for a failing test's output.
 pub fn component_log_tails(lines: usize) -> String {
-    let dir = repo_root().join(".cluster/logs");
+    let dir = cluster_dir().join("logs");
     let mut out = String::new();
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return format!("(no logs under {})", dir.display());

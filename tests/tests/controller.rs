@@ -14,8 +14,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nmo_tests::deployment::{Launch, Pod};
-use nmo_tests::fixtures::{GROUP_KEY, TestBed};
-use nmo_tests::process::service_account_kubeconfig;
+use nmo_tests::fixtures::{ControllerBed, GROUP_KEY, TestBed, teardown_controller_test};
 use nmo_tests::wait::{Poll, until};
 use serde_json::json;
 use shared::consts::LEADER_ELECTION_LEASE_NAME;
@@ -34,24 +33,11 @@ struct Env {
 
 impl Env {
     async fn new(prefix: &str, max: usize) -> Env {
-        let client = nmo_tests::admin_client()
-            .await
-            .expect("local control plane");
-        nmo_tests::manifests::install_controller_prereqs(&client)
-            .await
-            .expect("CRD and RBAC installed");
-        let bed = TestBed::new(client.clone(), prefix)
-            .await
-            .expect("test namespace");
-        let operator_ns = nmo_tests::manifests::operator_namespace_copy(&client, &bed.group)
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        let dir = nmo_tests::repo_root().join(".cluster/test-logs");
-        std::fs::create_dir_all(&dir).expect("log dir");
-        let kubeconfig = dir.join(format!("{}.kubeconfig", bed.group));
-        service_account_kubeconfig(&client, "nmo-system", "nmo-controller", &kubeconfig)
-            .await
-            .expect("controller kubeconfig");
+        let ControllerBed {
+            bed,
+            operator_ns,
+            kubeconfig,
+        } = ControllerBed::new(prefix).await;
         let mut env = Env {
             bed,
             operator_ns,
@@ -265,21 +251,9 @@ impl Env {
         bed.bare_pod("free", &target).await.expect("free pod");
         bed.pdb("guard", "guarded", 1).await.expect("pdb");
         // The PDB controller must have computed status before evictions are judged.
-        until("PDB status computed", LONG, || async {
-            let pdb = Api::<PodDisruptionBudget>::namespaced(self.client(), &bed.namespace)
-                .get("guard")
-                .await?;
-            let st = pdb.status.unwrap_or_default();
-            Ok(
-                if st.observed_generation.is_some() && st.expected_pods == 1 {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending(format!("{st:?}"))
-                },
-            )
-        })
-        .await
-        .expect("pdb status");
+        bed.wait_pdb_status("guard", 1, LONG)
+            .await
+            .expect("pdb status");
         self.create_nm(&self.n("a"), &target).await;
         self.wait_nm(&self.n("a"), "free pod gone, guarded pod pending", |nm| {
             nm.status.as_ref().is_some_and(|s| {
@@ -298,24 +272,8 @@ impl Env {
     }
 
     async fn teardown(mut self) {
-        // Remove our NodeMaintenances while the controller still runs, then the rest.
-        let lp = ListParams::default().labels(&format!("{GROUP_KEY}={}", self.bed.group));
-        if let Ok(list) = self.nms().list(&lp).await {
-            for nm in list.items {
-                let _ = self
-                    .nms()
-                    .delete(&nm.name_any(), &DeleteParams::default())
-                    .await;
-            }
-        }
-        self.bed.teardown().await;
-        // Stopped before its namespace goes: a leader renewing its Lease
-        // there meanwhile would be answered "forbidden".
-        if let Some(mut c) = self.ctrl.take() {
-            c.proc.kill();
-        }
-        nmo_tests::manifests::delete_operator_namespace_copy(&self.bed.client, &self.operator_ns)
-            .await;
+        let ctrl = self.ctrl.as_mut().map(|c| &mut c.proc);
+        teardown_controller_test(&self.bed, &self.operator_ns, ctrl).await;
     }
 }
 

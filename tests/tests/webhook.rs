@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,10 +19,10 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use nmo_tests::deployment::Launch;
 use nmo_tests::fixtures::{GROUP_KEY, TestBed};
 use nmo_tests::process::{Running, service_account_kubeconfig};
 use nmo_tests::wait::{Poll, until};
+use nmo_tests::webhook_pod::{issue, launch_pod, register_url, write_certs};
 use nmo_webhook::client::{
     ClientConfig, ReviewClient, create_review, parse_response, pem_to_der, send_raw, tls_config,
 };
@@ -171,59 +171,6 @@ struct Webhook {
     ca: certs::Ca,
     first_cert_pem: String,
 }
-
-fn issue(ca: &certs::Ca) -> certs::ServingCert {
-    ca.issue_serving(
-        &["localhost".to_string()],
-        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-        Duration::from_secs(3600),
-    )
-    .expect("serving certificate")
-}
-
-/// Write (or rotate) the serving set in the kubelet layout, readable by the
-/// image's user (65532) as a Secret volume with the pod's fsGroup would be.
-fn write_certs(dir: &std::path::Path, ca: &certs::Ca, cert: &certs::ServingCert) {
-    if nmo_tests::deployment::is_root() {
-        certs::write_serving_set_owned(dir, ca, cert, 65532, 65532)
-    } else {
-        certs::write_serving_set(dir, ca, cert)
-    }
-    .expect("certificates written");
-}
-
-/// One pod of the base webhook Deployment, from the image: its arguments with
-/// the listen addresses mapped to local ports and the certificate Secret volume
-/// standing at `cert_dir`; plain-HTTP metrics for the counters. Returns once
-/// its readiness probe passes, with its TLS, probe and metrics addresses.
-async fn launch_pod(
-    client: &Client,
-    cert_dir: &std::path::Path,
-    kubeconfig: &std::path::Path,
-    openshift: &str,
-) -> (Running, SocketAddr, SocketAddr, SocketAddr) {
-    let pod = Launch::new("base", "nmo-webhook")
-        .volume("cert", cert_dir)
-        .kubeconfig(kubeconfig)
-        .extra_args([
-            format!("--openshift={openshift}"),
-            // Short: the rotation test also proves the periodic backstop is harmless.
-            "--cert-reload-interval=5s".to_string(),
-            "--metrics-secure=false".to_string(),
-        ])
-        .start(client)
-        .await
-        .expect("webhook started");
-    pod.wait_ready(LONG).await.expect("webhook Ready");
-    let local = |p: anyhow::Result<u16>| {
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p.expect("mapped port"))
-    };
-    let tls = local(pod.flag_port("webhook-bind-address"));
-    let probe = local(pod.port("health"));
-    let metrics = local(pod.flag_port("metrics-bind-address"));
-    (pod.proc, tls, probe, metrics)
-}
-
 impl Webhook {
     /// Start `nmo-webhook` on free ports with fresh certificates (kubelet layout),
     /// authenticated as the nmo-webhook ServiceAccount; returns once /readyz is ok.
@@ -305,42 +252,6 @@ impl Webhook {
         .await
         .unwrap_or_else(|e| panic!("{e:#}\nwebhook log:\n{}", self.proc.log_text()));
     }
-}
-
-fn webhook_name(group: &str) -> String {
-    format!("{group}.nmo-tests.medik8s.io")
-}
-
-async fn register_url(client: &Client, group: &str, port: u16, ca_bundle: &str) {
-    let vwc: ValidatingWebhookConfiguration = from_json(json!({
-        "metadata": {"name": group, "labels": {GROUP_KEY: group}},
-        "webhooks": [{
-            "name": webhook_name(group),
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "timeoutSeconds": 10,
-            "clientConfig": {
-                "url": format!("https://127.0.0.1:{port}{WEBHOOK_PATH}"),
-                "caBundle": ca_bundle,
-            },
-            "rules": [{
-                "apiGroups": ["nodemaintenance.medik8s.io"],
-                "apiVersions": ["v1beta1"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["nodemaintenances"],
-            }],
-            // Webhook configurations are cluster-wide: only this test's objects.
-            "matchConditions": [{
-                "name": "this-test-only",
-                "expression": format!("object.metadata.name.startsWith('{group}')"),
-            }],
-        }]
-    }));
-    Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &vwc)
-        .await
-        .expect("ValidatingWebhookConfiguration created");
 }
 
 /// Removes what a test created, also when it panicked: its webhook

@@ -213,11 +213,13 @@ where
     tokio::spawn(async move {
         let mut events = std::pin::pin!(reflector::reflector(
             writer,
-            stream.default_backoff().modify(slim)
+            stream
+                .backoff(shared::watch::reconnect_backoff())
+                .modify(slim)
         ));
         while let Some(event) = events.next().await {
             if let Err(e) = event {
-                // The backoff keeps retrying; say what is wrong and how to fix it.
+                // The backoff keeps retrying (shared::watch); say what is wrong and how to fix it.
                 tracing::warn!(
                     cache = name,
                     error = %e,
