@@ -33,18 +33,10 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
 
 /// GET a plain-HTTP URL path on 127.0.0.1:port (probes, metrics) and return the body.
 pub async fn http_get_local(port: u16, path: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await?;
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
-    anyhow::ensure!(
-        head.starts_with("HTTP/1.") && head.contains(" 200 "),
-        "GET {path} on port {port}: {head}"
-    );
-    Ok(body.to_string())
+    match http_status_local(port, path).await? {
+        (200, body) => Ok(body),
+        (code, body) => anyhow::bail!("GET {path} on port {port}: HTTP {code}: {body}"),
+    }
 }
 
 /// GET a plain-HTTP path on 127.0.0.1:port: status code and body, whatever the code.
