@@ -24,7 +24,8 @@ use nmo_tests::process::{Running, service_account_kubeconfig};
 use nmo_tests::wait::{Poll, until};
 use nmo_tests::webhook_pod::{issue, launch_pod, register_url, write_certs};
 use nmo_webhook::client::{
-    ClientConfig, ReviewClient, create_review, parse_response, pem_to_der, send_raw, tls_config,
+    ClientConfig, ReviewClient, create_review, parse_response, pem_to_der, send_raw_then_reuse,
+    tls_config,
 };
 use serde_json::json;
 use shared::consts::WEBHOOK_PATH;
@@ -1206,16 +1207,11 @@ async fn malformed_requests_never_break_the_process() {
     ];
     let mut c = wh.client().await;
     for (name, body, uid) in bodies {
-        let r = match c.post(WEBHOOK_PATH, body.clone()).await {
-            Ok(r) => r,
-            Err(_) => {
-                // The previous answer may have closed the connection (413 does).
-                c = wh.client().await;
-                c.post(WEBHOOK_PATH, body)
-                    .await
-                    .unwrap_or_else(|e| panic!("{name}: no answer: {e}"))
-            }
-        };
+        // One keep-alive connection for all: no answer may leave it unusable.
+        let r = c
+            .post(WEBHOOK_PATH, body)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: no answer on the reused connection: {e}"));
         let (status, resp) = (r.0.as_u16(), r.1);
         match uid {
             Some(uid) => {
@@ -1230,81 +1226,112 @@ async fn malformed_requests_never_break_the_process() {
         }
     }
     let tls = wh.tls();
-    for (name, raw, want) in [
-        (
-            "GET",
-            format!("GET {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\n\r\n"),
-            "HTTP/1.1 405",
-        ),
-        (
-            "other path",
-            "POST /validate HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}".to_string(),
-            "HTTP/1.1 404",
-        ),
-        (
-            "form post",
-            format!(
-                "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: 3\r\n\r\na=b"
-            ),
-            "HTTP/1.1 415",
-        ),
-        (
-            "declared 100 MiB",
-            format!(
-                "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-length: 104857600\r\n\r\n{{"
-            ),
-            "HTTP/1.1 413",
-        ),
-        (
-            "stalled body",
-            format!(
-                "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-length: 500\r\n\r\n{{\"a\":"
-            ),
-            "HTTP/1.1 408",
-        ),
-        (
-            "garbage request line",
-            "\u{1}\u{2}\u{3} nonsense\r\n\r\n".to_string(),
-            "HTTP/1.1 400",
-        ),
-    ] {
-        let got = send_raw(
-            wh.tls_addr,
-            "localhost",
-            tls.clone(),
-            raw.as_bytes(),
-            Duration::from_secs(15),
+    // After each answer the connection is either reusable (a valid review sent
+    // on it next gets its 200) or the answer said `Connection: close`: a client
+    // reusing a connection must never find it closed without being told.
+    let follow_up = {
+        let review = create_review("u-next", "nm", "some-node");
+        let mut r = format!(
+            "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            review.len()
         )
-        .await
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(
-            got.starts_with(want),
-            "{name}: expected {want}, got {got:?}"
-        );
-    }
-    // A real 2 MiB body: the server answers 413 as soon as it sees the length
-    // and closes without reading the rest, so the client may see the 413 or,
-    // when the kernel resets the half-read connection first, nothing. Either
-    // is fine; a 5xx or a dead webhook is not (checked below).
+        .into_bytes();
+        r.extend_from_slice(review.as_bytes());
+        r
+    };
+    // A real 2 MiB body (over the 1 MiB limit, within the 4 MiB it reads
+    // and discards): a 413 the client reads, on a connection it can reuse.
     let mut big = format!(
         "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         2 * 1024 * 1024
     )
     .into_bytes();
     big.extend(std::iter::repeat_n(b' ', 2 * 1024 * 1024));
-    let got = send_raw(
-        wh.tls_addr,
-        "localhost",
-        tls.clone(),
-        &big,
-        Duration::from_secs(15),
-    )
-    .await
-    .expect("2 MiB body sent");
-    assert!(
-        got.is_empty() || got.starts_with("HTTP/1.1 413"),
-        "2 MiB body: {got:?}"
-    );
+    // (name, request, expected status line, expected to keep the connection)
+    for (name, raw, want, keeps) in [
+        (
+            "GET",
+            format!("GET {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\n\r\n").into_bytes(),
+            "HTTP/1.1 405",
+            true,
+        ),
+        (
+            "other path",
+            "POST /validate HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+                .as_bytes()
+                .to_vec(),
+            "HTTP/1.1 404",
+            true,
+        ),
+        (
+            "form post",
+            format!(
+                "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: 3\r\n\r\na=b"
+            )
+            .into_bytes(),
+            "HTTP/1.1 415",
+            true,
+        ),
+        ("2 MiB body", big, "HTTP/1.1 413", true),
+        (
+            "declared 100 MiB",
+            format!(
+                "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-length: 104857600\r\n\r\n{{"
+            )
+            .into_bytes(),
+            "HTTP/1.1 413",
+            false,
+        ),
+        (
+            "stalled body",
+            format!(
+                "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-length: 500\r\n\r\n{{\"a\":"
+            )
+            .into_bytes(),
+            "HTTP/1.1 408",
+            false,
+        ),
+        (
+            "garbage request line",
+            b"\x01\x02\x03 nonsense\r\n\r\n".to_vec(),
+            "HTTP/1.1 400",
+            false,
+        ),
+    ] {
+        let got = send_raw_then_reuse(
+            wh.tls_addr,
+            "localhost",
+            tls.clone(),
+            &raw,
+            &follow_up,
+            Duration::from_secs(15),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            got.first.starts_with(want),
+            "{name}: expected {want}, got {:?}",
+            got.first
+        );
+        match &got.second {
+            None => assert!(
+                !keeps,
+                "{name}: said Connection: close where the connection should stay usable: {:?}",
+                got.first
+            ),
+            Some(second) => {
+                assert!(
+                    keeps,
+                    "{name}: expected Connection: close, got {:?}",
+                    got.first
+                );
+                assert!(
+                    second.starts_with("HTTP/1.1 200"),
+                    "{name}: the connection was kept without Connection: close, but a review sent on it got {second:?}"
+                );
+            }
+        }
+    }
 
     // Not TLS at all.
     for junk in [

@@ -149,47 +149,104 @@ impl ReviewClient {
     }
 }
 
-/// Write `raw` bytes over a fresh TLS connection and return whatever the server
-/// answers within `wait` (for requests a well-behaved HTTP client cannot send:
-/// lying lengths, stalled bodies). An empty string means no answer in time.
-pub async fn send_raw(
+/// What a connection did after one raw request: see [`send_raw_then_reuse`].
+#[derive(Debug)]
+pub struct Reuse {
+    /// Status line and headers of the first answer ("" if none in time).
+    pub first: String,
+    /// The first answer said `Connection: close`.
+    pub said_close: bool,
+    /// Status line and headers of the answer to `follow_up` sent on the same
+    /// connection; None when the first answer said close (nothing is sent).
+    pub second: Option<String>,
+}
+
+/// Send `raw` on a fresh TLS connection, read one whole answer, then, unless
+/// it said `Connection: close`, send `follow_up` on the same connection and
+/// read its answer. A server that closes a connection without saying so shows
+/// up as `second == Some("")`.
+pub async fn send_raw_then_reuse(
     addr: SocketAddr,
     server_name: &str,
     tls: Arc<ClientConfig>,
     raw: &[u8],
+    follow_up: &[u8],
     wait: std::time::Duration,
-) -> Result<String, ClientError> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+) -> Result<Reuse, ClientError> {
+    use tokio::io::AsyncWriteExt;
     let stream = connect_tls(addr, server_name, tls).await?;
     let (mut rd, mut wr) = tokio::io::split(stream);
-    // Write and read at once: the server may answer (e.g. 413) before the
-    // request is complete, then close; reading concurrently catches the answer.
     let raw = raw.to_vec();
+    // Write while reading: the server may answer before the body is complete.
     let writer = tokio::spawn(async move {
         let _ = wr.write_all(&raw).await;
         let _ = wr.flush().await;
-        // Keep the write half open until the reader is done.
         wr
     });
+    let mut pending = Vec::new();
+    let first = tokio::time::timeout(wait, read_answer(&mut rd, &mut pending))
+        .await
+        .unwrap_or_default();
+    let said_close = first
+        .to_ascii_lowercase()
+        .lines()
+        .any(|l| l.trim() == "connection: close");
+    if first.is_empty() || said_close {
+        writer.abort();
+        return Ok(Reuse {
+            first,
+            said_close,
+            second: None,
+        });
+    }
+    let Ok(Ok(mut wr)) = tokio::time::timeout(wait, writer).await else {
+        return Ok(Reuse {
+            first,
+            said_close,
+            second: Some(String::new()),
+        });
+    };
+    let _ = wr.write_all(follow_up).await;
+    let _ = wr.flush().await;
+    let second = tokio::time::timeout(wait, read_answer(&mut rd, &mut pending))
+        .await
+        .unwrap_or_default();
+    Ok(Reuse {
+        first,
+        said_close,
+        second: Some(second),
+    })
+}
+
+/// Read one HTTP/1.1 answer (headers, then a Content-Length body) and return
+/// its head; bytes past it stay in `pending`. "" when the connection ends first.
+async fn read_answer<R: tokio::io::AsyncRead + Unpin>(rd: &mut R, pending: &mut Vec<u8>) -> String {
+    use tokio::io::AsyncReadExt;
     let mut buf = vec![0u8; 16 * 1024];
-    let mut got = Vec::new();
-    let read = async {
-        loop {
-            match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    got.extend_from_slice(&buf[..n]);
-                    // The status line and headers are all the callers look at.
-                    if got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
+    loop {
+        if let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&pending[..end]).into_owned();
+            let len: usize = head
+                .lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+                .and_then(|(_, v)| v.trim().parse().ok())
+                .unwrap_or(0);
+            let total = end + 4 + len;
+            while pending.len() < total {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => return String::new(),
+                    Ok(n) => pending.extend_from_slice(&buf[..n]),
                 }
             }
+            pending.drain(..total);
+            return head;
         }
-    };
-    let _ = tokio::time::timeout(wait, read).await;
-    writer.abort();
-    Ok(String::from_utf8_lossy(&got).into_owned())
+        match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => return String::new(),
+            Ok(n) => pending.extend_from_slice(&buf[..n]),
+        }
+    }
 }
 
 /// DER of the first certificate in a PEM string.

@@ -3,7 +3,8 @@
 //!
 //! Limits: request body size (413), time to receive the body (408), reviews in
 //! progress (429 after waiting `request_timeout`), open connections (closed at
-//! once above the limit), TLS handshake time. Shutdown stops accepting, lets
+//! once above the limit), TLS handshake time. An answer sent before the body
+//! was read to its end says `Connection: close` (see `body`). Shutdown stops accepting, lets
 //! every in-flight review finish (bounded by a timeout) and returns.
 
 use std::future::Future;
@@ -12,18 +13,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use prometheus::{Histogram, IntCounter, IntGauge};
 use rustls::ServerConfig;
 use shared::consts::WEBHOOK_PATH;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::body;
 use crate::metrics::Metrics;
 use crate::review;
 use crate::validate::{Decision, Lookups, Reason, decide_confirmed};
@@ -140,29 +140,72 @@ fn plain(code: StatusCode, msg: String) -> Response {
         .into_response()
 }
 
+/// An answer, and whether the connection it goes out on stays usable.
+struct Answer {
+    resp: Response,
+    /// False when the request body was not read to its end: the connection
+    /// is out of step, so the answer says `Connection: close` and hyper closes
+    /// it after writing, instead of a client finding it closed on reuse.
+    reusable: bool,
+}
+
+impl From<Response> for Answer {
+    fn from(resp: Response) -> Self {
+        Answer {
+            resp,
+            reusable: true,
+        }
+    }
+}
+
 async fn handle(st: &Inner, req: Request, start: Instant) -> Response {
+    let Answer { mut resp, reusable } = answer(st, req, start).await;
+    if !reusable {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+async fn answer(st: &Inner, req: Request, start: Instant) -> Answer {
     let limits = &st.limits;
     // Wait for a slot, but not forever: an overloaded webhook says so (429).
     let _permit = match tokio::time::timeout(limits.request_timeout, st.permits.acquire()).await {
         Ok(Ok(p)) => p,
         _ => {
-            return plain(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!(
-                    "webhook busy: more than {} reviews in progress for {:?}; retry later or raise --max-concurrent-reviews",
-                    limits.max_concurrent_reviews, limits.request_timeout
+            let reusable = body::discard(
+                req.into_body(),
+                limits.max_body_bytes,
+                limits.request_timeout,
+            )
+            .await;
+            return Answer {
+                resp: plain(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "webhook busy: more than {} reviews in progress for {:?}; retry later or raise --max-concurrent-reviews",
+                        limits.max_concurrent_reviews, limits.request_timeout
+                    ),
                 ),
-            );
+                reusable,
+            };
         }
     };
     if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
         if !is_json(ct) {
-            return plain(
+            let resp = plain(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 format!(
                     "content type {ct:?} not supported: send the AdmissionReview as application/json"
                 ),
             );
+            let reusable = body::discard(
+                req.into_body(),
+                limits.max_body_bytes,
+                limits.request_timeout,
+            )
+            .await;
+            return Answer { resp, reusable };
         }
     }
     let declared = req
@@ -170,30 +213,42 @@ async fn handle(st: &Inner, req: Request, start: Instant) -> Response {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
-        return too_large(limits.max_body_bytes);
-    }
-    let body = Limited::new(req.into_body(), limits.max_body_bytes);
-    let bytes: Bytes = match tokio::time::timeout(limits.request_timeout, body.collect()).await {
-        Err(_) => {
-            return plain(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "request body not received within {:?}",
-                    limits.request_timeout
+    let bytes = match body::read(
+        req.into_body(),
+        declared,
+        limits.max_body_bytes,
+        limits.request_timeout,
+    )
+    .await
+    {
+        body::Read::Complete(bytes) => bytes,
+        body::Read::TooLarge { drained } => {
+            return Answer {
+                resp: too_large(limits.max_body_bytes),
+                reusable: drained,
+            };
+        }
+        body::Read::TimedOut => {
+            return Answer {
+                resp: plain(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "request body not received within {:?}",
+                        limits.request_timeout
+                    ),
                 ),
-            );
+                reusable: false,
+            };
         }
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return too_large(limits.max_body_bytes);
+        body::Read::Failed(e) => {
+            return Answer {
+                resp: plain(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the request body: {e}"),
+                ),
+                reusable: false,
+            };
         }
-        Ok(Err(e)) => {
-            return plain(
-                StatusCode::BAD_REQUEST,
-                format!("cannot read the request body: {e}"),
-            );
-        }
-        Ok(Ok(collected)) => collected.to_bytes(),
     };
 
     let request = match review::decode(&bytes) {
@@ -206,7 +261,8 @@ async fn handle(st: &Inner, req: Request, start: Instant) -> Response {
                     json(review::encode_response(&uid, false, d.code, &d.message))
                 }
                 None => plain(StatusCode::BAD_REQUEST, e.message),
-            };
+            }
+            .into();
         }
     };
     let decision = decide_confirmed(&request, st.lookups.as_ref()).await;
@@ -225,6 +281,7 @@ async fn handle(st: &Inner, req: Request, start: Instant) -> Response {
         decision.code,
         &decision.message,
     ))
+    .into()
 }
 
 fn is_json(ct: &HeaderValue) -> bool {

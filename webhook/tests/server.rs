@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use http_body_util::Full;
 use hyper::{Request, StatusCode};
-use nmo_webhook::client::{ReviewClient, connect_tls, create_review, parse_response, tls_config};
+use nmo_webhook::client::{
+    ReviewClient, connect_tls, create_review, parse_response, send_raw_then_reuse, tls_config,
+};
 use nmo_webhook::config::CertPaths;
 use nmo_webhook::metrics::Metrics;
 use nmo_webhook::server::{self, AppState, Limits, ServeOptions};
@@ -36,7 +38,23 @@ impl Lookups for FakeCluster {
     fn etcd_guard(&self, _node: &str) -> Result<EtcdGuard, Unavailable> {
         Err(Unavailable("not OpenShift".into()))
     }
+    /// A node the cache misses and the direct read takes 3 s to find: a
+    /// review for it holds its slot that long.
+    fn confirm_node(&self, name: &str) -> futures::future::BoxFuture<'_, Option<NodeFacts>> {
+        let slow = name == SLOW_NODE;
+        Box::pin(async move {
+            if !slow {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Some(NodeFacts {
+                control_plane: false,
+            })
+        })
+    }
 }
+
+const SLOW_NODE: &str = "slow-to-confirm";
 
 struct Running {
     addr: SocketAddr,
@@ -395,8 +413,9 @@ async fn malformed_input_gets_a_denial_or_a_4xx() {
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_string(&mut answer)).await;
     assert!(
-        answer.starts_with("HTTP/1.1 413"),
-        "chunked oversize: {answer:?}"
+        answer.starts_with("HTTP/1.1 413")
+            && answer.to_ascii_lowercase().contains("connection: close"),
+        "chunked oversize that never ends: 413 and Connection: close, got {answer:?}"
     );
 
     // Lying content-length (declares more than it sends): times out as 408.
@@ -463,13 +482,15 @@ async fn overload_answers_429_not_5xx() {
         ..limits()
     })
     .await;
-    // Hold the only slot with a request whose body never completes.
-    let mut hog = connect_tls(srv.addr, "localhost", tls_config(&srv.ca_pem).expect("ca"))
-        .await
-        .expect("tls");
-    let head = format!("POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{{");
-    hog.write_all(head.as_bytes()).await.expect("write");
-    // Wait until the hog holds the slot (in-flight gauge), then send a real review.
+    // Hold the only slot for 3 s: a review for a node the lookups take 3 s
+    // to confirm (the wait for a slot is 500 ms).
+    let hog_client = srv.client().await;
+    let hog = tokio::spawn(async move {
+        let mut c = hog_client;
+        c.post(WEBHOOK_PATH, create_review("u-hog", "nm", SLOW_NODE))
+            .await
+            .map(|(status, _)| status)
+    });
     let deadline = Instant::now() + Duration::from_secs(5);
     let gauge = srv
         .metrics
@@ -480,16 +501,96 @@ async fn overload_answers_429_not_5xx() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let mut c = srv.client().await;
-    let (status, _) = c
+    let (status, body) = c
         .post(WEBHOOK_PATH, create_review("u", "nm", "worker-1"))
         .await
         .expect("post");
-    // The hog's body times out after 500 ms and frees the slot; whichever
-    // comes first, the answer is 429 or a normal 200, never a 5xx.
-    assert!(
-        status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::OK,
-        "{status}"
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        String::from_utf8_lossy(&body)
     );
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("--max-concurrent-reviews"), "{text}");
+    // The busy answer leaves the connection usable, and the hog is answered.
+    assert_eq!(
+        hog.await.expect("hog task").expect("hog answered"),
+        StatusCode::OK
+    );
+    let (status, _) = c
+        .post(WEBHOOK_PATH, create_review("u2", "nm", "worker-1"))
+        .await
+        .expect("the connection that got 429 still works");
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn every_answer_keeps_the_connection_or_says_close() {
+    let srv = start(limits()).await;
+    let tls = tls_config(&srv.ca_pem).expect("ca");
+    let review = create_review("u-next", "nm", "worker-1");
+    let post = |extra: &str, body: &[u8]| -> Vec<u8> {
+        let mut r = format!(
+            "POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\n{extra}content-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        r.extend_from_slice(body);
+        r
+    };
+    let follow_up = post("content-type: application/json\r\n", review.as_bytes());
+    let limit = limits().max_body_bytes;
+    let over = vec![b' '; 2 * limit];
+    let far_over = vec![b' '; 6 * limit];
+    // (name, request, status line, connection kept)
+    let cases: Vec<(&str, Vec<u8>, &str, bool)> = vec![
+        ("valid review", follow_up.clone(), "HTTP/1.1 200", true),
+        (
+            "form post",
+            post(
+                "content-type: application/x-www-form-urlencoded\r\n",
+                b"a=b",
+            ),
+            "HTTP/1.1 415",
+            true,
+        ),
+        ("twice the limit", post("", &over), "HTTP/1.1 413", true),
+        (
+            "six times the limit",
+            post("", &far_over),
+            "HTTP/1.1 413",
+            false,
+        ),
+        (
+            "stalled body",
+            format!("POST {WEBHOOK_PATH} HTTP/1.1\r\nhost: x\r\ncontent-length: 500\r\n\r\n{{")
+                .into_bytes(),
+            "HTTP/1.1 408",
+            false,
+        ),
+        ("not JSON", post("", b"{\"a\":"), "HTTP/1.1 400", true),
+    ];
+    for (name, raw, want, keeps) in cases {
+        let got = send_raw_then_reuse(
+            srv.addr,
+            "localhost",
+            tls.clone(),
+            &raw,
+            &follow_up,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(got.first.starts_with(want), "{name}: {:?}", got.first);
+        assert_eq!(got.said_close, !keeps, "{name}: {:?}", got.first);
+        if let Some(second) = got.second {
+            assert!(
+                second.starts_with("HTTP/1.1 200"),
+                "{name}: kept the connection without saying close, but the next review got {second:?}"
+            );
+        }
+    }
 }
 
 #[tokio::test]
