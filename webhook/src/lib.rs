@@ -6,7 +6,6 @@
 //! SubjectAccessReview unless --metrics-secure=false), and graceful shutdown on
 //! SIGTERM/SIGINT.
 
-
 pub mod body;
 pub mod cache;
 pub mod client;
