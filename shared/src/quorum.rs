@@ -12,6 +12,11 @@ pub struct GuardPdb {
 }
 
 /// Readiness of the guard pod found on the node, by its Ready condition.
+///
+/// As upstream (medik8s/common `etcd.IsEtcdDisruptionAllowed`), only a Ready
+/// condition that says False marks the node as already disrupted; a guard pod
+/// without a Ready condition (not yet reported by its kubelet) is taken as
+/// healthy, so its node is protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GuardPodReadiness {
     /// Ready condition True.
@@ -132,6 +137,15 @@ mod tests {
         let v = allows_disruption(&[pdb(0)], None);
         assert_eq!(v, QuorumVerdict::NoGuardPod);
         assert!(v.allowed());
+    }
+
+    #[test]
+    fn guard_pod_without_ready_condition_denies_as_upstream() {
+        // Upstream allows only on Ready=False; no condition at all falls
+        // through to "node not disrupted".
+        let v = allows_disruption(&[pdb(0)], Some(readiness_from_condition(None)));
+        assert_eq!(v, QuorumVerdict::WouldViolateQuorum);
+        assert!(!v.allowed());
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub fn guard_pdbs<'a>(pdbs: impl IntoIterator<Item = &'a PodDisruptionBudget>) -
 
 /// Readiness of the guard pod the PDB selects on `node`, if there is one.
 ///
+/// The PDB's selector is applied to the pods of `openshift-etcd` as upstream
+/// does: a PDB without a selector selects every pod there (upstream turns the
+/// absent selector into an empty label set, which matches everything).
+///
 /// Should several selected pods run on the node (a rollout in progress), the
 /// healthiest one counts: a node is only "already disrupted" when none of its
 /// guard pods is ready, which errs on the side of protecting quorum.
@@ -41,10 +45,7 @@ pub fn guard_pod_readiness<'a>(
     pods: impl IntoIterator<Item = &'a Pod>,
     node: &str,
 ) -> Result<Option<GuardPodReadiness>, SelectorError> {
-    let Some(selector) = pdb_selector(pdb)? else {
-        // policy/v1: a PDB without a selector selects no pods.
-        return Ok(None);
-    };
+    let selector = pdb_selector(pdb)?;
     let no_labels = BTreeMap::new();
     Ok(pods
         .into_iter()
@@ -54,12 +55,14 @@ pub fn guard_pod_readiness<'a>(
         .max_by_key(|r| health_rank(*r)))
 }
 
-fn pdb_selector(pdb: &PodDisruptionBudget) -> Result<Option<Selector>, SelectorError> {
-    let Some(ls) = pdb.spec.as_ref().and_then(|s| s.selector.clone()) else {
-        return Ok(None);
-    };
-    // An empty selector ({}) selects every pod in the namespace, as in policy/v1.
-    Selector::try_from(ls).map(Some).map_err(|e| SelectorError {
+fn pdb_selector(pdb: &PodDisruptionBudget) -> Result<Selector, SelectorError> {
+    // Absent or empty ({}): every pod in the namespace.
+    let ls = pdb
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.clone())
+        .unwrap_or_default();
+    Selector::try_from(ls).map_err(|e| SelectorError {
         namespace: pdb.metadata.namespace.clone().unwrap_or_default(),
         name: pdb.metadata.name.clone().unwrap_or_default(),
         reason: e.to_string(),
@@ -210,15 +213,31 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn nil_selector_selects_nothing_and_empty_selects_all() {
-        let pods = [mk_pod("a", "anything", "cp-1", Some("True"))];
-        let nil = mk_pdb("p", 0, None);
-        assert_eq!(guard_pod_readiness(&nil, &pods, "cp-1").expect("ok"), None);
-        let empty = mk_pdb("p", 0, Some(LabelSelector::default()));
-        assert_eq!(
-            guard_pod_readiness(&empty, &pods, "cp-1").expect("ok"),
-            Some(GuardPodReadiness::Ready)
-        );
+    fn absent_or_empty_selector_selects_every_pod() {
+        // Upstream: an absent selector becomes an empty label set, which
+        // selects every pod of openshift-etcd; the pod on the node decides.
+        for (case, selector) in [("absent", None), ("empty", Some(LabelSelector::default()))] {
+            let pdb = mk_pdb("p", 0, selector);
+            let pods = [
+                mk_pod("a", "anything", "cp-1", Some("True")),
+                mk_pod("b", "other", "cp-2", Some("False")),
+            ];
+            let r = |node| guard_pod_readiness(&pdb, &pods, node).expect("ok");
+            assert_eq!(r("cp-1"), Some(GuardPodReadiness::Ready), "{case}");
+            assert_eq!(r("cp-2"), Some(GuardPodReadiness::NotReady), "{case}");
+            assert_eq!(r("cp-3"), None, "{case}: no pod on the node");
+        }
+    }
+
+    #[test]
+    fn absent_selector_with_a_healthy_pod_on_the_node_denies() {
+        // Before the fix an absent selector selected nothing: "no guard pod",
+        // and a control-plane node with a healthy etcd was let go.
+        let pdb = mk_pdb("etcd-guard-pdb", 0, None);
+        let pods = [mk_pod("etcd-guard-cp-1", "guard", "cp-1", Some("True"))];
+        let guard = guard_pod_readiness(&pdb, &pods, "cp-1").expect("ok");
+        let verdict = shared::quorum::allows_disruption(&guard_pdbs([&pdb]), guard);
+        assert_eq!(verdict, shared::quorum::QuorumVerdict::WouldViolateQuorum);
     }
 
     #[test]
