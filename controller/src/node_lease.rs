@@ -1,28 +1,41 @@
 //! The per-node medik8s lease against the API server. The rules themselves
-//! live in `shared::lease`; this module reads, writes and deletes the Lease.
+//! (validity, when to renew, take over or wait, what a write sets, what a
+//! release deletes) live in `shared::lease`, matching the medik8s common
+//! library; this module reads, writes and deletes the Lease.
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 use shared::consts::{LEASE_DURATION_SECONDS, LEASE_HOLDER_IDENTITY, lease_name};
-use shared::lease::{LeaseDecision, decide};
+use shared::lease::{
+    LeaseDecision, ReleaseDecision, decide, decide_release, new_spec, written_spec,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     #[error("{}", shared::consts::msg_lease_held_by_other(.0))]
     HeldByOther(String),
-    #[error("failed to {action} lease {namespace}/{name}: {source}")]
+    #[error("failed to {action} lease {namespace}/{name}: {source}; {hint}")]
     Api {
         action: &'static str,
         namespace: String,
         name: String,
+        hint: &'static str,
         #[source]
         source: kube::Error,
     },
 }
+
+/// What to do about a failed lease call, for the error text.
+const HINT_RETRY: &str = "retried on the next reconcile; if it persists check the API server \
+     and that the controller's Role in that namespace (manifests/controller/node-leases.yaml) \
+     allows get, create, update and delete on leases";
+const HINT_NAMESPACE: &str = "the lease namespace is missing and could not be created: create it \
+     (manifests/controller/node-leases.yaml, with its Role) or point LEASE_NAMESPACE at an \
+     existing one";
 
 pub struct NodeLeases {
     client: Client,
@@ -33,6 +46,7 @@ fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+/// The lease's only owner reference: the Node (no controller flag, as upstream).
 fn node_owner_ref(node: &Node) -> OwnerReference {
     OwnerReference {
         api_version: "v1".into(),
@@ -57,6 +71,7 @@ impl NodeLeases {
             action,
             namespace: self.namespace.clone(),
             name: name.to_string(),
+            hint: HINT_RETRY,
             source,
         }
     }
@@ -75,35 +90,26 @@ impl NodeLeases {
         let Some(mut lease) = existing else {
             return self.create(node, &name, now).await;
         };
-        let spec = lease.spec.clone().unwrap_or_default();
-        let new_spec = match decide(&spec, LEASE_HOLDER_IDENTITY, LEASE_DURATION_SECONDS, now) {
+        let spec = lease.spec.take().unwrap_or_default();
+        let reacquire = match decide(&spec, LEASE_HOLDER_IDENTITY, LEASE_DURATION_SECONDS, now) {
             LeaseDecision::Keep => return Ok(()),
             LeaseDecision::HeldByOther(holder) => return Err(LeaseError::HeldByOther(holder)),
-            LeaseDecision::Renew { reacquire } => LeaseSpec {
-                renew_time: Some(MicroTime(now)),
-                lease_duration_seconds: Some(LEASE_DURATION_SECONDS),
-                acquire_time: if reacquire {
-                    Some(MicroTime(now))
-                } else {
-                    spec.acquire_time.clone()
-                },
-                lease_transitions: if reacquire {
-                    Some(spec.lease_transitions.unwrap_or(0) + 1)
-                } else {
-                    spec.lease_transitions
-                },
-                ..spec.clone()
-            },
-            LeaseDecision::TakeOver => LeaseSpec {
-                holder_identity: Some(LEASE_HOLDER_IDENTITY.to_string()),
-                acquire_time: Some(MicroTime(now)),
-                renew_time: Some(MicroTime(now)),
-                lease_duration_seconds: Some(LEASE_DURATION_SECONDS),
-                lease_transitions: Some(spec.lease_transitions.unwrap_or(0) + 1),
-                ..spec.clone()
-            },
+            LeaseDecision::Renew { reacquire } => reacquire,
+            LeaseDecision::TakeOver => {
+                tracing::info!(lease = %name, holder = ?spec.holder_identity,
+                    "taking over an expired lease");
+                true
+            }
         };
-        lease.spec = Some(new_spec);
+        lease.spec = Some(written_spec(
+            &spec,
+            reacquire,
+            LEASE_HOLDER_IDENTITY,
+            LEASE_DURATION_SECONDS,
+            now,
+        ));
+        // Every write makes the Node the lease's only owner, whoever owned it before.
+        lease.metadata.owner_references = Some(vec![node_owner_ref(node)]);
         // Replace carries the resourceVersion we read: a concurrent writer wins
         // and we retry on the next reconcile.
         self.api()
@@ -121,20 +127,13 @@ impl NodeLeases {
                 owner_references: Some(vec![node_owner_ref(node)]),
                 ..Default::default()
             },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(LEASE_HOLDER_IDENTITY.to_string()),
-                acquire_time: Some(MicroTime(now)),
-                renew_time: Some(MicroTime(now)),
-                lease_duration_seconds: Some(LEASE_DURATION_SECONDS),
-                lease_transitions: Some(0),
-                ..Default::default()
-            }),
+            spec: Some(new_spec(LEASE_HOLDER_IDENTITY, LEASE_DURATION_SECONDS, now)),
         };
         match self.api().create(&PostParams::default(), &lease).await {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) => {
                 // The namespace is missing: create it, then the lease.
-                self.ensure_namespace().await?;
+                self.ensure_namespace(name).await?;
                 self.api()
                     .create(&PostParams::default(), &lease)
                     .await
@@ -145,7 +144,7 @@ impl NodeLeases {
         }
     }
 
-    async fn ensure_namespace(&self) -> Result<(), LeaseError> {
+    async fn ensure_namespace(&self, lease: &str) -> Result<(), LeaseError> {
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(self.namespace.clone()),
@@ -157,18 +156,24 @@ impl NodeLeases {
             .create(&PostParams::default(), &ns)
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                tracing::info!(namespace = %self.namespace, "created the lease namespace");
+                Ok(())
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
             Err(e) => Err(LeaseError::Api {
                 action: "create the namespace of",
                 namespace: self.namespace.clone(),
-                name: self.namespace.clone(),
+                name: lease.to_string(),
+                hint: HINT_NAMESPACE,
                 source: e,
             }),
         }
     }
 
-    /// Release the lease of `node_name` if we hold it; a foreign one is left alone.
+    /// Release the lease of `node_name`: deleted when ours or naming no
+    /// holder; a lease naming another holder is left alone (upstream logs
+    /// that and goes on, so this is not an error).
     pub async fn release(&self, node_name: &str) -> Result<(), LeaseError> {
         let name = lease_name(node_name);
         let lease = match self.api().get_opt(&name).await {
@@ -176,14 +181,13 @@ impl NodeLeases {
             Ok(None) => return Ok(()),
             Err(e) => return Err(self.err("read", &name, e)),
         };
-        let holder = lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_deref());
-        if holder != Some(LEASE_HOLDER_IDENTITY) {
-            tracing::info!(lease = %name, holder = ?holder, "lease held by someone else: left alone");
+        if let ReleaseDecision::HeldByOther(holder) =
+            decide_release(lease.spec.as_ref(), LEASE_HOLDER_IDENTITY)
+        {
+            tracing::info!(lease = %name, %holder, "lease held by someone else: left alone");
             return Ok(());
         }
+        // Only the lease we judged: one taken over since is not ours to delete.
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
                 resource_version: lease.metadata.resource_version.clone(),
