@@ -85,6 +85,23 @@ pub use crate::logwriter::WriterGuard as LogGuard;
 /// by a writer thread (see [`crate::logwriter`]): a request path does not wait
 /// on log I/O, and nothing is dropped.
 pub fn init_logging(flags: &LogFlags) -> LogGuard {
+    let (writer, guard) = crate::logwriter::batched(
+        std::io::stderr(),
+        crate::logwriter::DEFAULT_BATCH_DELAY,
+        crate::logwriter::DEFAULT_MAX_BUFFERED,
+    );
+    // A second call (tests) keeps the first subscriber; this writer then
+    // simply goes unused.
+    let _ = log_subscriber(flags, writer).try_init();
+    guard
+}
+
+/// The subscriber [`init_logging`] installs (filter, encoder, timestamps),
+/// writing to `writer`; public so benchmarks log exactly as the binaries do.
+pub fn log_subscriber<W>(flags: &LogFlags, writer: W) -> impl tracing::Subscriber + Send + Sync
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let settings = flags.settings();
     let lvl = settings.level.as_str().to_ascii_lowercase();
     let deps = match settings.level {
@@ -97,11 +114,6 @@ pub fn init_logging(flags: &LogFlags) -> LogGuard {
             "{deps},nmo_controller={lvl},nmo_webhook={lvl},shared={lvl},kube_runtime={deps}"
         ))
     });
-    let (writer, guard) = crate::logwriter::batched(
-        std::io::stderr(),
-        crate::logwriter::DEFAULT_BATCH_DELAY,
-        crate::logwriter::DEFAULT_MAX_BUFFERED,
-    );
     let base = tracing_subscriber::fmt::layer()
         .with_target(true)
         .with_file(settings.source_location)
@@ -128,12 +140,7 @@ pub fn init_logging(flags: &LogFlags) -> LogGuard {
             }
         }
     };
-    // A second call (tests) keeps the first subscriber; this writer then
-    // simply goes unused.
-    let _ = tracing_subscriber::registry()
-        .with(layer.with_filter(filter))
-        .try_init();
-    guard
+    tracing_subscriber::registry().with(layer.with_filter(filter))
 }
 
 /// Errors in a bind address flag.
