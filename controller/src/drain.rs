@@ -4,17 +4,25 @@
 //! A round never waits for pods to terminate; the reconciler comes back soon
 //! and lists again. A pod counts as gone once the node's pod list no longer
 //! has it (deleted, or recreated elsewhere under a new uid).
+//!
+//! Whether a DaemonSet's pod stays depends on its DaemonSet still existing
+//! (kubectl's orphan rule, see `classify`): each round looks up, by name, the
+//! DaemonSet of every unfinished DaemonSet pod on the node (metadata only).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{EvictParams, ListParams};
 use kube::{Api, Client, ResourceExt};
 use shared::PodReference;
 
-use crate::classify::{PodAction, classify};
+use crate::classify::{classify, daemonset_to_look_up};
+
+/// DaemonSet lookups under way at once in one round.
+const DAEMONSET_LOOKUPS: usize = 8;
 
 /// The pods on a node, split the way the drain needs.
 #[derive(Debug, Default)]
@@ -55,12 +63,28 @@ impl PodOutcome {
     }
 }
 
+/// Why the pods of a node could not be sorted out this round (retried).
 #[derive(Debug, thiserror::Error)]
-#[error("failed to list the pods on node {node}: {source}")]
-pub struct ListPodsError {
-    pub node: String,
-    #[source]
-    pub source: kube::Error,
+pub enum ListPodsError {
+    #[error("failed to list the pods on node {node}: {source}")]
+    List {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "failed to look up DaemonSet {namespace}/{name}, the controller of pod {namespace}/{pod} on node {node}: {source}; \
+         a DaemonSet's pod leaves the node only once the DaemonSet is gone, so the drain waits and retries \
+         (the controller needs get on apps/daemonsets)"
+    )]
+    DaemonSet {
+        node: String,
+        namespace: String,
+        name: String,
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// List the pods of `node` (field selector, served from the API server's watch cache).
@@ -71,18 +95,74 @@ pub async fn list_node_pods(client: &Client, node: &str) -> Result<NodePods, Lis
     let pods = Api::<Pod>::all(client.clone())
         .list(&lp)
         .await
-        .map_err(|source| ListPodsError {
+        .map_err(|source| ListPodsError::List {
             node: node.to_string(),
             source,
         })?;
+    let live = live_daemonsets(client, node, &pods.items).await?;
     let total = pods.items.len();
     let mut must_leave: Vec<Pod> = pods
         .items
         .into_iter()
-        .filter(|p| classify(p).must_leave())
+        .filter(|p| {
+            let ns = p.namespace().unwrap_or_default();
+            classify(p, |ds| live.contains(&(ns, ds.to_string()))).must_leave()
+        })
         .collect();
     must_leave.sort_by_key(|p| (p.namespace(), p.name_any()));
     Ok(NodePods { total, must_leave })
+}
+
+/// `(namespace, name)` of the DaemonSets that exist among those the pods'
+/// classification needs (see `classify::daemonset_to_look_up`).
+async fn live_daemonsets(
+    client: &Client,
+    node: &str,
+    pods: &[Pod],
+) -> Result<BTreeSet<(String, String)>, ListPodsError> {
+    // One lookup per DaemonSet, remembering one of its pods for the error text.
+    let wanted: BTreeMap<(String, String), String> = pods
+        .iter()
+        .filter_map(|p| {
+            daemonset_to_look_up(p).map(|ds| {
+                (
+                    (p.namespace().unwrap_or_default(), ds.to_string()),
+                    p.name_any(),
+                )
+            })
+        })
+        .collect();
+    let answers: Vec<_> = futures::stream::iter(wanted)
+        .map(|((namespace, name), pod)| async move {
+            let api: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
+            let answer = api.get_metadata_opt(&name).await;
+            (namespace, name, pod, answer)
+        })
+        .buffer_unordered(DAEMONSET_LOOKUPS)
+        .collect()
+        .await;
+    let mut live = BTreeSet::new();
+    for (namespace, name, pod, answer) in answers {
+        match answer {
+            Ok(Some(_)) => {
+                live.insert((namespace, name));
+            }
+            Ok(None) => {
+                tracing::debug!(daemonset = %format!("{namespace}/{name}"), %pod, %node,
+                    "DaemonSet gone: its pod is an orphan and leaves the node");
+            }
+            Err(source) => {
+                return Err(ListPodsError::DaemonSet {
+                    node: node.to_string(),
+                    namespace,
+                    name,
+                    pod,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(live)
 }
 
 pub fn references(pods: &[Pod]) -> Vec<PodReference> {
@@ -119,7 +199,8 @@ async fn evict_one(client: Client, pod: Pod) -> (PodReference, PodOutcome) {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
     };
-    if classify(&pod) == PodAction::AwaitTermination {
+    // Only pods that must leave get here: terminating means awaited.
+    if pod.metadata.deletion_timestamp.is_some() {
         let since = pod
             .metadata
             .deletion_timestamp

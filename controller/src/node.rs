@@ -6,6 +6,14 @@
 //! we read, so a concurrent writer makes it fail (and we retry on the next
 //! reconcile) instead of being overwritten. Taints and labels that others put
 //! on the node are never touched.
+//!
+//! As upstream (node-maintenance-operator `AddOrRemoveTaint`), the new taint
+//! list is the two maintenance taints first, then the node's other taints in
+//! their order. A node without taints has no `spec.taints` at all (the API
+//! server stores no empty list); the `test` then compares with null, which
+//! the API server's JSON patch accepts for a missing path, as upstream's
+//! `test` of its marshalled nil list relies on. (Strict RFC 6902 would fail
+//! a `test` of a missing path, and `[]` fails there on the API server too.)
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use serde_json::{Value, json};
@@ -37,8 +45,9 @@ fn taints_of(node: &Node) -> Option<&Vec<Taint>> {
 }
 
 fn test_taints_op(node: &Node) -> Value {
-    // A missing list tests as null, which the API server's JSON patch accepts.
-    json!({"op": "test", "path": "/spec/taints", "value": taints_of(node)})
+    // No taints: the stored node has no list, so test for null, never `[]`.
+    let taints = taints_of(node).filter(|t| !t.is_empty());
+    json!({"op": "test", "path": "/spec/taints", "value": taints})
 }
 
 fn has_label(node: &Node) -> bool {
@@ -72,15 +81,20 @@ pub fn enter_patch(node: &Node) -> Option<Vec<Value>> {
     if is_in_maintenance(node) {
         return None;
     }
-    let mut taints: Vec<Taint> = taints_of(node).cloned().unwrap_or_default();
-    for m in maintenance_taints() {
-        if !taints
-            .iter()
-            .any(|t| t.key == m.key && t.effect == m.effect)
-        {
-            taints.push(m);
-        }
-    }
+    // Ours first (a taint of ours already there keeps its value and
+    // timeAdded), then the others in their order.
+    let existing: &[Taint] = taints_of(node).map(Vec::as_slice).unwrap_or_default();
+    let mut taints: Vec<Taint> = maintenance_taints()
+        .into_iter()
+        .map(|m| {
+            existing
+                .iter()
+                .find(|t| t.key == m.key && t.effect == m.effect)
+                .cloned()
+                .unwrap_or(m)
+        })
+        .collect();
+    taints.extend(existing.iter().filter(|t| !is_ours(t)).cloned());
     let mut ops = vec![
         test_taints_op(node),
         json!({"op": "add", "path": "/spec/taints", "value": taints}),
@@ -153,15 +167,36 @@ mod tests {
         n
     }
 
-    fn apply(node: &Node, mut ops: Vec<Value>) -> Node {
-        // The API server's JSON patch accepts `test` with null on a missing
-        // path (checked by the integration tests); the json-patch crate does
-        // not, so that one op is left out of this model.
-        ops.retain(|op| !(op["op"] == "test" && op["value"].is_null()));
-        let mut doc = serde_json::to_value(node).expect("node json");
-        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).expect("patch");
-        json_patch::patch(&mut doc, &patch).expect("patch applies");
-        serde_json::from_value(doc).expect("node back")
+    /// A JSON patch as the API server applies it (evanphx/json-patch): RFC
+    /// 6902, except that `test` with null passes on a missing path (checked
+    /// against the real API server by tests/tests/drain_parity.rs). The
+    /// result is stored as the API server stores a node: no empty taint list,
+    /// label map or false `unschedulable`.
+    fn api_server_patch(node: &Node, ops: Vec<Value>) -> Result<Node, String> {
+        let mut doc = serde_json::to_value(node).map_err(|e| e.to_string())?;
+        for op in ops {
+            if op["op"] == "test" && op["value"].is_null() {
+                let path = op["path"].as_str().unwrap_or_default();
+                match doc.pointer(path) {
+                    None | Some(Value::Null) => continue,
+                    Some(v) => return Err(format!("test of {path}: found {v}")),
+                }
+            }
+            let patch: json_patch::Patch =
+                serde_json::from_value(Value::Array(vec![op])).map_err(|e| e.to_string())?;
+            json_patch::patch(&mut doc, &patch).map_err(|e| e.to_string())?;
+        }
+        let mut n: Node = serde_json::from_value(doc).map_err(|e| e.to_string())?;
+        if let Some(spec) = n.spec.as_mut() {
+            spec.taints = spec.taints.take().filter(|t| !t.is_empty());
+            spec.unschedulable = spec.unschedulable.filter(|u| *u);
+        }
+        n.metadata.labels = n.metadata.labels.take().filter(|l| !l.is_empty());
+        Ok(n)
+    }
+
+    fn apply(node: &Node, ops: Vec<Value>) -> Node {
+        api_server_patch(node, ops).expect("patch applies")
     }
 
     fn foreign_taint() -> Taint {
@@ -173,53 +208,105 @@ mod tests {
         }
     }
 
+    fn keys(n: &Node) -> Vec<String> {
+        taints_of(n)
+            .map(|t| t.iter().map(|t| t.key.clone()).collect())
+            .unwrap_or_default()
+    }
+
     #[test]
     fn enter_then_exit_restores_node_exactly() {
         let before = node(Some(vec![foreign_taint()]), Some(vec![("team", "a")]));
         let during = apply(&before, enter_patch(&before).expect("changes"));
         assert!(is_in_maintenance(&during));
-        let taints = taints_of(&during).expect("taints");
-        assert_eq!(taints.len(), 3);
-        assert_eq!(taints[0], foreign_taint(), "foreign taint kept first");
+        assert_eq!(
+            keys(&during),
+            [TAINT_UNSCHEDULABLE_KEY, TAINT_DRAIN_KEY, "dedicated"],
+            "ours first, then the others, as upstream"
+        );
+        assert_eq!(
+            taints_of(&during).and_then(|t| t.last()),
+            Some(&foreign_taint()),
+            "foreign taint unchanged"
+        );
         assert_eq!(
             during.metadata.labels.as_ref().expect("labels").get("team"),
             Some(&"a".to_string())
         );
         assert!(enter_patch(&during).is_none(), "idempotent");
         let after = apply(&during, exit_patch(&during).expect("changes"));
-        assert_eq!(taints_of(&after), Some(&vec![foreign_taint()]));
-        assert_eq!(after.metadata.labels, before.metadata.labels);
-        assert_eq!(
-            after.spec.as_ref().and_then(|s| s.unschedulable),
-            Some(false)
-        );
+        assert_eq!(after, before, "node exactly as before");
         assert!(exit_patch(&after).is_none(), "idempotent");
     }
 
     #[test]
+    fn taint_of_ours_already_there_moves_first_and_keeps_its_data() {
+        // The node lifecycle controller taints a cordoned node itself.
+        let lifecycle = Taint {
+            time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            )),
+            ..maintenance_taints()[0].clone()
+        };
+        let before = node(Some(vec![foreign_taint(), lifecycle.clone()]), None);
+        let during = apply(&before, enter_patch(&before).expect("changes"));
+        let taints = taints_of(&during).expect("taints");
+        assert_eq!(taints[0], lifecycle);
+        assert_eq!(
+            keys(&during),
+            [TAINT_UNSCHEDULABLE_KEY, TAINT_DRAIN_KEY, "dedicated"]
+        );
+    }
+
+    #[test]
     fn node_without_taints_or_labels() {
+        // spec.taints absent, as the API server stores a node without taints.
         let before = node(None, None);
         let ops = enter_patch(&before).expect("changes");
-        assert_eq!(
-            ops[0]["value"],
-            Value::Null,
-            "test op checks the list is absent"
-        );
+        assert_eq!(ops[0]["op"], "test", "the guard comes first");
+        assert_eq!(ops[0]["value"], Value::Null, "tests the list is absent");
         let during = apply(&before, ops);
         assert!(is_in_maintenance(&during));
+        assert_eq!(keys(&during), [TAINT_UNSCHEDULABLE_KEY, TAINT_DRAIN_KEY]);
         let after = apply(&during, exit_patch(&during).expect("changes"));
-        assert_eq!(taints_of(&after), Some(&vec![]));
-        assert_eq!(after.metadata.labels, Some(Default::default()));
+        assert_eq!(
+            after, before,
+            "node exactly as before: no taints, no labels"
+        );
+    }
+
+    #[test]
+    fn empty_taint_list_tests_as_absent() {
+        // A `test` of [] fails on the API server against the absent list it
+        // stores for a node without taints.
+        let ops = enter_patch(&node(Some(vec![]), None)).expect("changes");
+        assert_eq!(ops[0]["value"], Value::Null);
     }
 
     #[test]
     fn concurrent_taint_change_makes_patch_fail() {
-        let seen = node(Some(vec![]), Some(vec![]));
-        let ops = enter_patch(&seen).expect("changes");
-        let changed = node(Some(vec![foreign_taint()]), Some(vec![]));
-        let mut doc = serde_json::to_value(&changed).expect("json");
-        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).expect("patch");
-        assert!(json_patch::patch(&mut doc, &patch).is_err());
+        // Read with no taints at all; someone adds one before our patch lands.
+        for seen in [node(None, None), node(Some(vec![]), Some(vec![]))] {
+            let ops = enter_patch(&seen).expect("changes");
+            let changed = node(Some(vec![foreign_taint()]), None);
+            let err = api_server_patch(&changed, ops).expect_err("guard trips");
+            assert!(err.contains("/spec/taints"), "{err}");
+        }
+        // Read with a taint; it is gone (or another added) by the time we patch.
+        let seen = node(Some(vec![foreign_taint()]), None);
+        let during = apply(&seen, enter_patch(&seen).expect("changes"));
+        for changed in [node(None, None), node(Some(vec![]), None)] {
+            assert!(api_server_patch(&changed, enter_patch(&seen).expect("ops")).is_err());
+        }
+        let mut changed = during.clone();
+        if let Some(t) = changed.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+            t.push(Taint {
+                key: "late".into(),
+                effect: "NoExecute".into(),
+                ..Default::default()
+            });
+        }
+        assert!(api_server_patch(&changed, exit_patch(&during).expect("ops")).is_err());
     }
 
     #[test]

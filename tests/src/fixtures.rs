@@ -331,3 +331,70 @@ pub fn is_ready(p: &Pod) -> bool {
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
+
+/// Owner reference API version of [`TestBed::daemonset_pod`]: apps/v1beta2,
+/// no longer served, so the garbage collector cannot resolve the owner and
+/// leaves the pod alone.
+pub const UNSERVED_DAEMONSET_API_VERSION: &str = "apps/v1beta2";
+
+impl TestBed {
+    /// A Ready kwok node with no taints at all (`spec.taints` absent): [`TestBed::node`]
+    /// without its group taint. Pods of other tests keep off it only by their
+    /// node selectors.
+    pub async fn node_without_taints(&self, suffix: &str) -> anyhow::Result<Node> {
+        let node = self.node(suffix, false).await?;
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let api: Api<Node> = Api::all(self.client.clone());
+        Ok(api
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"taints": null}})),
+            )
+            .await?)
+    }
+
+    /// A pod on `node` whose controller is DaemonSet `daemonset` as kubectl
+    /// drain judges it: by kind and name (existing or not). In a live cluster
+    /// such a pod of a missing DaemonSet is soon deleted by the garbage
+    /// collector, and a finished one by its DaemonSet controller; so that the
+    /// drain alone decides here, the reference names the owner under an API
+    /// version the garbage collector cannot resolve
+    /// ([`UNSERVED_DAEMONSET_API_VERSION`]) and a uid no DaemonSet has, which
+    /// the DaemonSet controller ignores.
+    pub async fn daemonset_pod(
+        &self,
+        name: &str,
+        node: &str,
+        daemonset: &str,
+    ) -> anyhow::Result<Pod> {
+        self.pod_on(
+            name,
+            node,
+            json!({"metadata": {"ownerReferences": [{
+                "apiVersion": UNSERVED_DAEMONSET_API_VERSION,
+                "kind": "DaemonSet",
+                "name": daemonset,
+                "uid": "00000000-0000-0000-0000-0000000000d5",
+                "controller": true
+            }]}}),
+        )
+        .await
+    }
+
+    /// Set pod `name` to phase Succeeded (Ready False), as its kubelet reports
+    /// a finished pod. Call it once kwok has marked the pod Running: kwok only
+    /// writes the status of Pending pods, so it will not undo this.
+    pub async fn finish_pod(&self, name: &str) -> anyhow::Result<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let patch = json!({"status": {"phase": "Succeeded", "conditions": [
+            {"type": "Ready", "status": "False", "reason": "PodCompleted"}]}});
+        Ok(api
+            .patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await?)
+    }
+}
