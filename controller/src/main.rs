@@ -10,6 +10,7 @@ mod leadership;
 mod metrics;
 mod node;
 mod node_lease;
+mod queue_metrics;
 mod reconcile;
 mod slots;
 

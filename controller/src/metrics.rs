@@ -1,120 +1,245 @@
-//! Prometheus series: controller-runtime's names (so upstream dashboards keep
-//! working) plus per-maintenance gauges for the dashboards and alerts upstream
-//! never had.
+//! Prometheus series: controller-runtime's and client-go's names, labels and
+//! buckets (so upstream's dashboards and alerts work unchanged) plus
+//! per-maintenance gauges for the dashboards and alerts upstream never had.
+//!
+//! Upstream's series (controller label "nodemaintenance"):
+//! - `controller_runtime_reconcile_total{controller,result}` (success, error,
+//!   requeue, requeue_after), `controller_runtime_reconcile_errors_total`,
+//!   `controller_runtime_terminal_reconcile_errors_total`,
+//!   `controller_runtime_reconcile_panics_total`,
+//!   `controller_runtime_reconcile_time_seconds` (histogram),
+//!   `controller_runtime_max_concurrent_reconciles`,
+//!   `controller_runtime_active_workers` (pkg/internal/controller/metrics);
+//! - `workqueue_*{name,controller}` (see queue_metrics.rs);
+//! - `rest_client_requests_total{code,host,method}` and
+//!   `rest_client_request_duration_seconds{verb,host}` (client-go, through
+//!   `counted_client`); `code` is the HTTP status, or `<error>` when no
+//!   response came;
+//! - `leader_election_master_status{name}`.
+//!
+//! How a reconcile is recorded (one call site, plus the requeue of an error):
+//!
+//! ```ignore
+//! let timer = ctx.metrics.reconcile_started(&name);   // leaves the queue, a worker is busy
+//! let result = ...;                                    // the reconcile itself
+//! timer.finish(ReconcileResult::RequeueAfter(d));      // or Success, Error, ...
+//! // in error_policy, once the retry delay is known:
+//! ctx.metrics.requeued(&name, wait);
+//! ```
+//!
+//! `ReconcileResult` follows controller-runtime's accounting:
+//! - `Success`: nothing scheduled (kube's `Action::await_change()`);
+//! - `RequeueAfter(d)`: come back after `d` (`Action::requeue(d)`); the key
+//!   is queued again and counts as a workqueue retry (client-go's AddAfter);
+//! - `Requeue(d)`: controller-runtime's rate-limited `Requeue: true`, `d`
+//!   being the backoff; counted like `RequeueAfter` but as `result="requeue"`;
+//! - `Error`: a failed reconcile that will be retried: `result="error"` and
+//!   `reconcile_errors_total`; the retry itself is recorded by `requeued`
+//!   from the error policy, which knows the delay;
+//! - `TerminalError`: failed and not retried: also
+//!   `terminal_reconcile_errors_total`;
+//! - `Panic`: `reconcile_panics_total`, and an error as well (controller-runtime
+//!   recovers a panic into an error). A `ReconcileTimer` dropped during a
+//!   panic records this by itself; one dropped otherwise (the reconcile was
+//!   cancelled) only frees its worker.
+//!
+//! Every reconcile observes `controller_runtime_reconcile_time_seconds` and
+//! `workqueue_work_duration_seconds`.
 
-use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, exponential_buckets,
-};
-use shared::MaintenancePhase;
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use shared::{MaintenancePhase, NodeMaintenance};
+
+use crate::queue_metrics::WorkQueue;
 
 pub const CONTROLLER_NAME: &str = "nodemaintenance";
 const PHASES: [&str; 4] = ["Pending", "Running", "Succeeded", "Failed"];
 
+/// controller-runtime's buckets for `controller_runtime_reconcile_time_seconds`.
+const RECONCILE_TIME_BUCKETS: [f64; 40] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9,
+    1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0,
+    25.0, 30.0, 40.0, 50.0, 60.0,
+];
+/// Kubernetes' (component-base restclient) buckets for
+/// `rest_client_request_duration_seconds`.
+const REST_CLIENT_BUCKETS: [f64; 12] = [
+    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+];
+
+/// How a reconcile ended; see the top of this file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconcileResult {
+    Success,
+    Requeue(Duration),
+    RequeueAfter(Duration),
+    Error,
+    TerminalError,
+    Panic,
+}
+
+impl ReconcileResult {
+    /// The `result` label of `controller_runtime_reconcile_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            ReconcileResult::Success => "success",
+            ReconcileResult::Requeue(_) => "requeue",
+            ReconcileResult::RequeueAfter(_) => "requeue_after",
+            ReconcileResult::Error | ReconcileResult::TerminalError | ReconcileResult::Panic => {
+                "error"
+            }
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
+    /// The workqueue tracker (clone it into watch callbacks: `queue.added`).
+    pub queue: WorkQueue,
     reconcile_total: IntCounterVec,
     reconcile_errors: IntCounterVec,
-    reconcile_duration: HistogramVec,
+    terminal_errors: IntCounterVec,
+    panics: IntCounterVec,
+    reconcile_time: HistogramVec,
+    max_concurrent: IntGaugeVec,
     phase: IntGaugeVec,
     progress: IntGaugeVec,
     pending: IntGaugeVec,
     evictions: IntCounterVec,
-    api_requests: IntCounterVec,
+    rest_requests: IntCounterVec,
+    rest_duration: HistogramVec,
     leader: IntGaugeVec,
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
+    IntCounterVec::new(Opts::new(name, help), labels)
+}
+
+fn gauge(name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec, prometheus::Error> {
+    IntGaugeVec::new(Opts::new(name, help), labels)
 }
 
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let reconcile_total = IntCounterVec::new(
-            Opts::new(
-                "controller_runtime_reconcile_total",
-                "Total number of reconciliations per controller",
-            ),
+        let reconcile_total = counter(
+            "controller_runtime_reconcile_total",
+            "Total number of reconciliations per controller",
             &["controller", "result"],
         )?;
-        let reconcile_errors = IntCounterVec::new(
-            Opts::new(
-                "controller_runtime_reconcile_errors_total",
-                "Total number of reconciliation errors per controller",
-            ),
+        let reconcile_errors = counter(
+            "controller_runtime_reconcile_errors_total",
+            "Total number of reconciliation errors per controller",
             &["controller"],
         )?;
-        let reconcile_duration = HistogramVec::new(
+        let terminal_errors = counter(
+            "controller_runtime_terminal_reconcile_errors_total",
+            "Total number of terminal reconciliation errors per controller",
+            &["controller"],
+        )?;
+        let panics = counter(
+            "controller_runtime_reconcile_panics_total",
+            "Total number of reconciliation panics per controller",
+            &["controller"],
+        )?;
+        let reconcile_time = HistogramVec::new(
             HistogramOpts::new(
-                "controller_runtime_reconcile_duration_seconds",
+                "controller_runtime_reconcile_time_seconds",
                 "Length of time per reconciliation per controller",
             )
-            .buckets(exponential_buckets(0.005, 2.0, 14)?),
+            .buckets(RECONCILE_TIME_BUCKETS.to_vec()),
             &["controller"],
         )?;
-        let phase = IntGaugeVec::new(
-            Opts::new(
-                "nmo_nodemaintenance_phase",
-                "1 for the current phase of each NodeMaintenance, 0 for the others",
-            ),
+        let max_concurrent = gauge(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller",
+            &["controller"],
+        )?;
+        let phase = gauge(
+            "nmo_nodemaintenance_phase",
+            "1 for the current phase of each NodeMaintenance, 0 for the others",
             &["name", "node", "phase"],
         )?;
-        let progress = IntGaugeVec::new(
-            Opts::new(
-                "nmo_nodemaintenance_drain_progress_percent",
-                "Drain progress of each NodeMaintenance",
-            ),
+        let progress = gauge(
+            "nmo_nodemaintenance_drain_progress_percent",
+            "Drain progress of each NodeMaintenance",
             &["name", "node"],
         )?;
-        let pending = IntGaugeVec::new(
-            Opts::new(
-                "nmo_nodemaintenance_pending_pods",
-                "Pods still to leave the node of each NodeMaintenance",
-            ),
+        let pending = gauge(
+            "nmo_nodemaintenance_pending_pods",
+            "Pods still to leave the node of each NodeMaintenance",
             &["name", "node"],
         )?;
-        let evictions = IntCounterVec::new(
-            Opts::new(
-                "nmo_evictions_total",
-                "Eviction requests by outcome (evicted, gone, blocked, failed)",
-            ),
+        let evictions = counter(
+            "nmo_evictions_total",
+            "Eviction requests by outcome (evicted, gone, blocked, failed)",
             &["result"],
         )?;
+        // client-go's label order: code, method, host.
+        let rest_requests = counter(
+            "rest_client_requests_total",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            &["code", "method", "host"],
+        )?;
+        let rest_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "rest_client_request_duration_seconds",
+                "Request latency in seconds. Broken down by verb, and host.",
+            )
+            .buckets(REST_CLIENT_BUCKETS.to_vec()),
+            &["verb", "host"],
+        )?;
+        // client-go's series: 1 on the replica holding the leader election Lease.
+        let leader = gauge(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
+            &["name"],
+        )?;
+        let queue = WorkQueue::new(CONTROLLER_NAME)?;
         registry.register(Box::new(reconcile_total.clone()))?;
         registry.register(Box::new(reconcile_errors.clone()))?;
-        registry.register(Box::new(reconcile_duration.clone()))?;
+        registry.register(Box::new(terminal_errors.clone()))?;
+        registry.register(Box::new(panics.clone()))?;
+        registry.register(Box::new(reconcile_time.clone()))?;
+        registry.register(Box::new(max_concurrent.clone()))?;
+        registry.register(queue.collector())?;
         registry.register(Box::new(phase.clone()))?;
         registry.register(Box::new(progress.clone()))?;
         registry.register(Box::new(pending.clone()))?;
-        let api_requests = IntCounterVec::new(
-            Opts::new(
-                "nmo_controller_api_requests_total",
-                "Requests the controller sent to the API server, by HTTP method",
-            ),
-            &["method"],
-        )?;
-        // client-go's series: 1 on the replica holding the leader election Lease.
-        let leader = IntGaugeVec::new(
-            Opts::new(
-                "leader_election_master_status",
-                "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
-            ),
-            &["name"],
-        )?;
         registry.register(Box::new(evictions.clone()))?;
-        registry.register(Box::new(api_requests.clone()))?;
+        registry.register(Box::new(rest_requests.clone()))?;
+        registry.register(Box::new(rest_duration.clone()))?;
         registry.register(Box::new(leader.clone()))?;
+        // As controller-runtime's initMetrics: every series at zero from the start.
         for result in ["success", "error", "requeue", "requeue_after"] {
             reconcile_total.with_label_values(&[CONTROLLER_NAME, result]);
         }
         reconcile_errors.with_label_values(&[CONTROLLER_NAME]);
+        terminal_errors.with_label_values(&[CONTROLLER_NAME]);
+        panics.with_label_values(&[CONTROLLER_NAME]);
+        reconcile_time.with_label_values(&[CONTROLLER_NAME]);
+        max_concurrent.with_label_values(&[CONTROLLER_NAME]);
         Ok(Metrics {
             registry,
+            queue,
             reconcile_total,
             reconcile_errors,
-            reconcile_duration,
+            terminal_errors,
+            panics,
+            reconcile_time,
+            max_concurrent,
             phase,
             progress,
             pending,
             evictions,
-            api_requests,
+            rest_requests,
+            rest_duration,
             leader,
         })
     }
@@ -126,26 +251,88 @@ impl Metrics {
             .set(i64::from(leading));
     }
 
+    /// `controller_runtime_max_concurrent_reconciles`: how many reconciles the
+    /// Controller runs at once (its `concurrency`).
+    pub fn set_max_concurrent_reconciles(&self, n: usize) {
+        self.max_concurrent
+            .with_label_values(&[CONTROLLER_NAME])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A reconcile of `key` (the NodeMaintenance's name) begins; record its
+    /// end with [`ReconcileTimer::finish`].
+    pub fn reconcile_started(&self, key: &str) -> ReconcileTimer {
+        self.queue.started(key);
+        ReconcileTimer {
+            metrics: self.clone(),
+            key: key.to_string(),
+            started: Instant::now(),
+            done: false,
+        }
+    }
+
+    /// `key` goes back to the queue for another try after `after` (the
+    /// error policy's retry; `finish` records requeues of its own).
+    pub fn requeued(&self, key: &str, after: Duration) {
+        self.queue.added(key, after);
+        self.queue.retried(key);
+    }
+
+    /// Transitional, until reconcile.rs calls `reconcile_started`/`finish`:
+    /// counts a reconcile by its `result` label, without the workqueue side.
     pub fn reconciled(&self, result: &str, seconds: f64) {
+        let c = [CONTROLLER_NAME];
+        self.reconcile_time.with_label_values(&c).observe(seconds);
         self.reconcile_total
             .with_label_values(&[CONTROLLER_NAME, result])
             .inc();
         if result == "error" {
-            self.reconcile_errors
-                .with_label_values(&[CONTROLLER_NAME])
-                .inc();
+            self.reconcile_errors.with_label_values(&c).inc();
         }
-        self.reconcile_duration
-            .with_label_values(&[CONTROLLER_NAME])
-            .observe(seconds);
     }
 
-    /// A client whose every request to the API server is counted by method.
+    fn record(&self, key: &str, result: ReconcileResult, seconds: f64) {
+        let c = [CONTROLLER_NAME];
+        self.reconcile_time.with_label_values(&c).observe(seconds);
+        self.reconcile_total
+            .with_label_values(&[CONTROLLER_NAME, result.label()])
+            .inc();
+        match result {
+            ReconcileResult::Success => {}
+            ReconcileResult::Requeue(d) | ReconcileResult::RequeueAfter(d) => {
+                self.requeued(key, d);
+            }
+            ReconcileResult::Error => self.reconcile_errors.with_label_values(&c).inc(),
+            ReconcileResult::TerminalError => {
+                self.reconcile_errors.with_label_values(&c).inc();
+                self.terminal_errors.with_label_values(&c).inc();
+            }
+            ReconcileResult::Panic => {
+                self.reconcile_errors.with_label_values(&c).inc();
+                self.panics.with_label_values(&c).inc();
+            }
+        }
+        self.queue.finished(key, seconds);
+    }
+
+    /// A client whose every request to the API server is counted as
+    /// client-go counts it: `rest_client_requests_total{code,host,method}`
+    /// and `rest_client_request_duration_seconds{verb,host}` (time to the
+    /// response headers). `host` is the API server's host:port.
     pub fn counted_client(&self, config: kube::Config) -> anyhow::Result<kube::Client> {
-        let counter = self.api_requests.clone();
+        let host = config
+            .cluster_url
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .unwrap_or_default();
+        let rest = RestClientMetrics {
+            requests: self.rest_requests.clone(),
+            duration: self.rest_duration.clone(),
+            host: Arc::from(host),
+        };
         let layer = tower::layer::layer_fn(move |svc| CountRequests {
             inner: svc,
-            counter: counter.clone(),
+            metrics: rest.clone(),
         });
         Ok(kube::client::ClientBuilder::try_from(config)
             .map_err(|e| anyhow::anyhow!("building the Kubernetes client: {e}"))?
@@ -183,34 +370,466 @@ impl Metrics {
         let _ = self.progress.remove_label_values(&[name, node]);
         let _ = self.pending.remove_label_values(&[name, node]);
     }
+
+    /// Set the per-maintenance gauges from the status of every NodeMaintenance
+    /// in the cache, and drop the series of those no longer there (or not yet
+    /// given a phase). Call on start, once the cache is synced, and when this
+    /// replica becomes leader, so alerts keep firing across restarts and
+    /// failovers. Also drops queued keys of objects that are gone.
+    pub fn rebuild(&self, all: &[Arc<NodeMaintenance>]) {
+        let mut present: HashSet<(String, String)> = HashSet::new();
+        let mut names = HashSet::new();
+        for nm in all {
+            let Some(name) = nm.metadata.name.clone() else {
+                continue;
+            };
+            names.insert(name.clone());
+            let Some(status) = &nm.status else { continue };
+            let Some(phase) = &status.phase else { continue };
+            let node = nm.spec.node_name.clone();
+            self.observe(
+                &name,
+                &node,
+                phase,
+                status.drain_progress,
+                status.pending_pods.len(),
+            );
+            present.insert((name, node));
+        }
+        for (name, node) in self.series_keys() {
+            if !present.contains(&(name.clone(), node.clone())) {
+                self.forget(&name, &node);
+            }
+        }
+        self.queue.retain(&names);
+    }
+
+    /// The (name, node) pairs that have per-maintenance series now.
+    fn series_keys(&self) -> HashSet<(String, String)> {
+        use prometheus::core::Collector as _;
+        let mut keys = HashSet::new();
+        let families = [
+            self.phase.collect(),
+            self.progress.collect(),
+            self.pending.collect(),
+        ];
+        for m in families.iter().flatten().flat_map(|f| f.get_metric()) {
+            let label = |n: &str| {
+                m.get_label()
+                    .iter()
+                    .find(|l| l.name() == n)
+                    .map(|l| l.value().to_string())
+                    .unwrap_or_default()
+            };
+            keys.insert((label("name"), label("node")));
+        }
+        keys
+    }
 }
 
-/// Tower service that counts requests before passing them on.
+/// One reconcile in progress; see the top of this file.
+#[must_use = "finish(result) records how the reconcile ended"]
+pub struct ReconcileTimer {
+    metrics: Metrics,
+    key: String,
+    started: Instant,
+    done: bool,
+}
+
+impl ReconcileTimer {
+    /// The reconcile ended with `result`. Returns its duration in seconds.
+    pub fn finish(mut self, result: ReconcileResult) -> f64 {
+        self.done = true;
+        let seconds = self.started.elapsed().as_secs_f64();
+        self.metrics.record(&self.key, result, seconds);
+        seconds
+    }
+}
+
+impl Drop for ReconcileTimer {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let seconds = self.started.elapsed().as_secs_f64();
+        if std::thread::panicking() {
+            self.metrics
+                .record(&self.key, ReconcileResult::Panic, seconds);
+        } else {
+            // Cancelled (shutdown): no result, but the worker is free again.
+            self.metrics.queue.finished(&self.key, seconds);
+        }
+    }
+}
+
+#[derive(Clone)]
+struct RestClientMetrics {
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    host: Arc<str>,
+}
+
+impl RestClientMetrics {
+    fn record(&self, method: &str, code: &str, started: Instant) {
+        self.requests
+            .with_label_values(&[code, method, &self.host])
+            .inc();
+        self.duration
+            .with_label_values(&[method, &self.host])
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// Tower service that counts each request with the status of its response.
 #[derive(Clone)]
 pub struct CountRequests<S> {
     inner: S,
-    counter: IntCounterVec,
+    metrics: RestClientMetrics,
 }
 
-impl<S, B> tower::Service<http::Request<B>> for CountRequests<S>
+impl<S, B, R> tower::Service<http::Request<B>> for CountRequests<S>
 where
-    S: tower::Service<http::Request<B>>,
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Unpin,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Counted<S::Future>;
 
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        self.counter
-            .with_label_values(&[req.method().as_str()])
-            .inc();
-        self.inner.call(req)
+        Counted {
+            method: req.method().clone(),
+            started: Instant::now(),
+            metrics: self.metrics.clone(),
+            inner: self.inner.call(req),
+        }
+    }
+}
+
+/// The response future of [`CountRequests`]: counts when the response (or
+/// the failure) arrives.
+pub struct Counted<F> {
+    inner: F,
+    method: http::Method,
+    started: Instant,
+    metrics: RestClientMetrics,
+}
+
+impl<F, R, E> std::future::Future for Counted<F>
+where
+    F: std::future::Future<Output = Result<http::Response<R>, E>> + Unpin,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let out = std::task::ready!(Pin::new(&mut this.inner).poll(cx));
+        let code = match &out {
+            Ok(resp) => resp.status().as_u16().to_string(),
+            Err(_) => "<error>".to_string(),
+        };
+        this.metrics
+            .record(this.method.as_str(), &code, this.started);
+        Poll::Ready(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(m: &Metrics) -> String {
+        let mut out = String::new();
+        prometheus::TextEncoder::new()
+            .encode_utf8(&m.registry.gather(), &mut out)
+            .expect("encode");
+        out
+    }
+
+    /// The value of the sample whose line starts with `series` (name and labels).
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    }
+
+    fn nm(
+        name: &str,
+        node: &str,
+        phase: Option<MaintenancePhase>,
+        progress: i64,
+    ) -> Arc<NodeMaintenance> {
+        let mut nm = NodeMaintenance::new(
+            name,
+            shared::NodeMaintenanceSpec {
+                node_name: node.to_string(),
+                ..Default::default()
+            },
+        );
+        nm.status = Some(shared::NodeMaintenanceStatus {
+            phase,
+            drain_progress: progress,
+            pending_pods: vec!["p1".into(), "p2".into()],
+            ..Default::default()
+        });
+        Arc::new(nm)
+    }
+
+    async fn one_request(m: &Metrics, status: u16) {
+        use tower::{Service as _, ServiceExt as _};
+        let rest = RestClientMetrics {
+            requests: m.rest_requests.clone(),
+            duration: m.rest_duration.clone(),
+            host: Arc::from("10.0.0.1:6443"),
+        };
+        let inner = tower::service_fn(move |_req: http::Request<()>| {
+            std::future::ready(if status == 0 {
+                Err("connection refused")
+            } else {
+                Ok(http::Response::builder()
+                    .status(status)
+                    .body(())
+                    .expect("response"))
+            })
+        });
+        let mut svc = CountRequests {
+            inner,
+            metrics: rest,
+        };
+        let req = http::Request::get("/api/v1/nodes")
+            .body(())
+            .expect("request");
+        let _ = svc.ready().await.expect("ready").call(req).await;
+    }
+
+    #[tokio::test]
+    async fn every_upstream_series_is_exposed_after_one_reconcile() {
+        let m = Metrics::new().expect("metrics");
+        m.set_max_concurrent_reconciles(1);
+        m.leader("135b1886.medik8s.io", true);
+        m.queue.added("a", Duration::ZERO);
+        let t = m.reconcile_started("a");
+        t.finish(ReconcileResult::RequeueAfter(Duration::from_secs(3600)));
+        let t = m.reconcile_started("b");
+        t.finish(ReconcileResult::Success);
+        let t = m.reconcile_started("c");
+        t.finish(ReconcileResult::TerminalError);
+        one_request(&m, 200).await;
+        one_request(&m, 0).await;
+        m.observe("a", "node-1", &MaintenancePhase::Running, 40, 3);
+        let text = render(&m);
+
+        let c = r#"controller="nodemaintenance""#;
+        let nc = r#"controller="nodemaintenance",name="nodemaintenance""#;
+        // (series, Some(expected value) or None when only presence matters)
+        let expect: Vec<(String, Option<f64>)> = vec![
+            (
+                format!(r#"controller_runtime_reconcile_total{{{c},result="success"}}"#),
+                Some(1.0),
+            ),
+            (
+                format!(r#"controller_runtime_reconcile_total{{{c},result="error"}}"#),
+                Some(1.0),
+            ),
+            (
+                format!(r#"controller_runtime_reconcile_total{{{c},result="requeue"}}"#),
+                Some(0.0),
+            ),
+            (
+                format!(r#"controller_runtime_reconcile_total{{{c},result="requeue_after"}}"#),
+                Some(1.0),
+            ),
+            (
+                format!("controller_runtime_reconcile_errors_total{{{c}}}"),
+                Some(1.0),
+            ),
+            (
+                format!("controller_runtime_terminal_reconcile_errors_total{{{c}}}"),
+                Some(1.0),
+            ),
+            (
+                format!("controller_runtime_reconcile_panics_total{{{c}}}"),
+                Some(0.0),
+            ),
+            (
+                format!("controller_runtime_reconcile_time_seconds_count{{{c}}}"),
+                Some(3.0),
+            ),
+            (
+                format!(r#"controller_runtime_reconcile_time_seconds_bucket{{{c},le="60"}}"#),
+                Some(3.0),
+            ),
+            (
+                format!("controller_runtime_max_concurrent_reconciles{{{c}}}"),
+                Some(1.0),
+            ),
+            (
+                format!("controller_runtime_active_workers{{{c}}}"),
+                Some(0.0),
+            ),
+            (format!(r#"workqueue_depth{{{nc},priority=""}}"#), Some(0.0)),
+            (format!("workqueue_adds_total{{{nc}}}"), Some(1.0)),
+            (
+                format!("workqueue_queue_duration_seconds_count{{{nc}}}"),
+                Some(1.0),
+            ),
+            (
+                format!(r#"workqueue_queue_duration_seconds_bucket{{{nc},le="1000"}}"#),
+                Some(1.0),
+            ),
+            (
+                format!("workqueue_work_duration_seconds_count{{{nc}}}"),
+                Some(3.0),
+            ),
+            (format!("workqueue_retries_total{{{nc}}}"), Some(1.0)),
+            (
+                format!("workqueue_unfinished_work_seconds{{{nc}}}"),
+                Some(0.0),
+            ),
+            (
+                format!("workqueue_longest_running_processor_seconds{{{nc}}}"),
+                Some(0.0),
+            ),
+            (
+                r#"leader_election_master_status{name="135b1886.medik8s.io"}"#.into(),
+                Some(1.0),
+            ),
+            (
+                r#"rest_client_requests_total{code="200",host="10.0.0.1:6443",method="GET"}"#
+                    .into(),
+                Some(1.0),
+            ),
+            (
+                r#"rest_client_requests_total{code="<error>",host="10.0.0.1:6443",method="GET"}"#
+                    .into(),
+                Some(1.0),
+            ),
+            (
+                r#"rest_client_request_duration_seconds_count{host="10.0.0.1:6443",verb="GET"}"#
+                    .into(),
+                Some(2.0),
+            ),
+            (
+                r#"nmo_nodemaintenance_phase{name="a",node="node-1",phase="Running"}"#.into(),
+                Some(1.0),
+            ),
+            (
+                r#"nmo_nodemaintenance_drain_progress_percent{name="a",node="node-1"}"#.into(),
+                Some(40.0),
+            ),
+            (
+                r#"nmo_nodemaintenance_pending_pods{name="a",node="node-1"}"#.into(),
+                Some(3.0),
+            ),
+        ];
+        for (series, want) in expect {
+            let got = value(&text, &series);
+            assert!(got.is_some(), "{series} exposed:\n{text}");
+            if let Some(want) = want {
+                assert_eq!(got, Some(want), "{series}:\n{text}");
+            }
+        }
+        assert!(!text.contains("nmo_controller_api_requests_total"));
+        assert!(!text.contains("controller_runtime_reconcile_duration_seconds"));
+        // The requeue-after is scheduled for later: queued, not yet in depth.
+        assert!(text.contains("# TYPE workqueue_queue_duration_seconds histogram"));
+    }
+
+    #[test]
+    fn a_panic_counts_as_a_panic_and_an_error() {
+        let m = Metrics::new().expect("metrics");
+        let m2 = m.clone();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _t = m2.reconcile_started("a");
+            panic!("reconcile bug");
+        }));
+        assert!(r.is_err());
+        let text = render(&m);
+        let c = r#"controller="nodemaintenance""#;
+        assert_eq!(
+            value(
+                &text,
+                &format!("controller_runtime_reconcile_panics_total{{{c}}}")
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                &format!("controller_runtime_reconcile_errors_total{{{c}}}")
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&text, &format!("controller_runtime_active_workers{{{c}}}")),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn a_cancelled_reconcile_frees_its_worker_and_counts_nothing() {
+        let m = Metrics::new().expect("metrics");
+        drop(m.reconcile_started("a"));
+        let text = render(&m);
+        let c = r#"controller="nodemaintenance""#;
+        assert_eq!(
+            value(&text, &format!("controller_runtime_active_workers{{{c}}}")),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                &format!("controller_runtime_reconcile_time_seconds_count{{{c}}}")
+            ),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn rebuild_sets_gauges_from_status_and_drops_the_gone() {
+        let m = Metrics::new().expect("metrics");
+        m.observe("gone", "node-9", &MaintenancePhase::Running, 10, 1);
+        m.observe("moved", "old-node", &MaintenancePhase::Running, 10, 1);
+        m.queue.added("gone", Duration::ZERO);
+        m.rebuild(&[
+            nm("a", "node-1", Some(MaintenancePhase::Succeeded), 100),
+            nm("moved", "new-node", Some(MaintenancePhase::Failed), 50),
+            nm("fresh", "node-2", None, 0),
+        ]);
+        let text = render(&m);
+        let v = |s: &str| value(&text, s);
+        assert_eq!(
+            v(r#"nmo_nodemaintenance_phase{name="a",node="node-1",phase="Succeeded"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            v(r#"nmo_nodemaintenance_phase{name="a",node="node-1",phase="Running"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            v(r#"nmo_nodemaintenance_drain_progress_percent{name="a",node="node-1"}"#),
+            Some(100.0)
+        );
+        assert_eq!(
+            v(r#"nmo_nodemaintenance_pending_pods{name="a",node="node-1"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            v(r#"nmo_nodemaintenance_phase{name="moved",node="new-node",phase="Failed"}"#),
+            Some(1.0)
+        );
+        assert!(!text.contains("gone"), "{text}");
+        assert!(!text.contains("old-node"), "{text}");
+        assert!(!text.contains(r#"name="fresh""#), "{text}");
+        assert_eq!(
+            v(
+                r#"workqueue_depth{controller="nodemaintenance",name="nodemaintenance",priority=""}"#
+            ),
+            Some(0.0)
+        );
     }
 }

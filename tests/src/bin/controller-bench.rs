@@ -17,7 +17,7 @@ use shared::{MaintenancePhase, NodeMaintenance};
 fn requests_total(metrics: &str) -> u64 {
     metrics
         .lines()
-        .filter(|l| l.starts_with("nmo_controller_api_requests_total"))
+        .filter(|l| l.starts_with("rest_client_requests_total"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
