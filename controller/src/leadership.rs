@@ -59,6 +59,25 @@ pub struct Settings {
     pub identity: String,
 }
 
+impl Settings {
+    pub fn from_config(cfg: &crate::config::Config) -> Settings {
+        Settings {
+            enabled: cfg.leader_elect,
+            namespace: cfg.leader_election_namespace.clone(),
+            name: cfg.leader_election_id.clone(),
+            identity: instance_name(),
+        }
+    }
+}
+
+/// This replica's name: the pod's (POD_NAME, else HOSTNAME), else a
+/// process-unique fallback. Holder of the leader Lease and events' reporter.
+pub fn instance_name() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| format!("nmo-controller-{}", std::process::id()))
+}
+
 /// Shared view of this replica's leadership.
 #[derive(Clone)]
 pub struct Leadership {
@@ -79,9 +98,10 @@ impl Leadership {
     /// Start electing (or, with leader election off, lead at once).
     pub async fn start(
         client: Client,
-        settings: Settings,
+        cfg: &crate::config::Config,
         metrics: &Metrics,
     ) -> Result<(Leadership, Option<Election>), Error> {
+        let settings = Settings::from_config(cfg);
         if !settings.enabled {
             metrics.leader(&settings.name, true);
             let l = Leadership {

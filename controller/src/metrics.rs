@@ -278,19 +278,6 @@ impl Metrics {
         self.queue.retried(key);
     }
 
-    /// Transitional, until reconcile.rs calls `reconcile_started`/`finish`:
-    /// counts a reconcile by its `result` label, without the workqueue side.
-    pub fn reconciled(&self, result: &str, seconds: f64) {
-        let c = [CONTROLLER_NAME];
-        self.reconcile_time.with_label_values(&c).observe(seconds);
-        self.reconcile_total
-            .with_label_values(&[CONTROLLER_NAME, result])
-            .inc();
-        if result == "error" {
-            self.reconcile_errors.with_label_values(&c).inc();
-        }
-    }
-
     fn record(&self, key: &str, result: ReconcileResult, seconds: f64) {
         let c = [CONTROLLER_NAME];
         self.reconcile_time.with_label_values(&c).observe(seconds);

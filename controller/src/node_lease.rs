@@ -5,7 +5,6 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
@@ -44,17 +43,6 @@ pub struct NodeLeases {
 
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
-/// The lease's only owner reference: the Node (no controller flag, as upstream).
-fn node_owner_ref(node: &Node) -> OwnerReference {
-    OwnerReference {
-        api_version: "v1".into(),
-        kind: "Node".into(),
-        name: node.name_any(),
-        uid: node.metadata.uid.clone().unwrap_or_default(),
-        ..Default::default()
-    }
 }
 
 impl NodeLeases {
@@ -109,7 +97,7 @@ impl NodeLeases {
             now,
         ));
         // Every write makes the Node the lease's only owner, whoever owned it before.
-        lease.metadata.owner_references = Some(vec![node_owner_ref(node)]);
+        lease.metadata.owner_references = Some(vec![shared::nodes::owner_reference(node)]);
         // Replace carries the resourceVersion we read: a concurrent writer wins
         // and we retry on the next reconcile.
         self.api()
@@ -124,7 +112,7 @@ impl NodeLeases {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 namespace: Some(self.namespace.clone()),
-                owner_references: Some(vec![node_owner_ref(node)]),
+                owner_references: Some(vec![shared::nodes::owner_reference(node)]),
                 ..Default::default()
             },
             spec: Some(new_spec(LEASE_HOLDER_IDENTITY, LEASE_DURATION_SECONDS, now)),

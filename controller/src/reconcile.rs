@@ -1,45 +1,45 @@
-//! The NodeMaintenance reconciler: routes apply and cleanup through the
-//! finalizer, takes a slot, the lease, puts the node into maintenance, runs
-//! one non-blocking drain round, writes status, and asks to come back.
+//! The NodeMaintenance reconciler: fetches what a decision needs, asks
+//! `plan` what to do, and carries it out against the API server. The
+//! decisions themselves (lifecycle, admission, lease rule, drain bookkeeping,
+//! events) are pure functions in plan.rs.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use shared::consts::{
-    EVENT_BEGIN_MAINTENANCE, EVENT_FAILED_MAINTENANCE, EVENT_REMOVED_MAINTENANCE,
-    EVENT_SUCCEED_MAINTENANCE, EVENT_UNCORDON_NODE, FINALIZER,
-    MAX_ALLOWED_ERROR_TO_UPDATE_OWNED_LEASE, msg_lease_failed, msg_node_missing,
+    EVENT_BEGIN_MAINTENANCE, EVENT_REMOVED_MAINTENANCE, EVENT_UNCORDON_NODE, FINALIZER,
 };
-use shared::{MaintenancePhase, NodeMaintenance, NodeMaintenanceStatus};
+use shared::{NodeMaintenance, NodeMaintenanceStatus};
 
 use crate::conflicts::ConflictStreaks;
 use crate::drain::{self, PodOutcome};
 use crate::events::Events;
 use crate::leadership::Leadership;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ReconcileResult};
 use crate::node;
 use crate::node_lease::{LeaseError, NodeLeases};
-use crate::slots::{self, SlotDecision};
+use crate::plan::{self, Admission, LeaseOutcome, LeaseStep, Lifecycle, REQUEUE_BLOCKED};
+use crate::slots;
 
-/// How soon to come back while pods are leaving on their own.
-const REQUEUE_TERMINATING: Duration = Duration::from_millis(500);
-/// How soon to come back when something blocks (PDB, foreign lease): upstream's 5 s.
-const REQUEUE_BLOCKED: Duration = Duration::from_secs(shared::consts::DRAIN_REQUEUE_SECS);
-/// How often a waiting NodeMaintenance re-checks for a free slot (reads the cache only).
-const REQUEUE_PENDING: Duration = Duration::from_secs(2);
+/// When to reconcile again: `None` waits for a change (kube's
+/// `Action::await_change`), `Some(d)` comes back after `d`.
+type Requeue = Option<Duration>;
+
+/// Reconciles running at once (kube's default is unlimited; upstream's
+/// controller-runtime runs one). Each is short and bounded by
+/// RECONCILE_TIMEOUT, so many maintenances progress side by side.
+pub const MAX_CONCURRENT_RECONCILES: u16 = 32;
+
 /// Upper bound of one reconcile (upstream bounds one drain attempt by 30 s).
 const RECONCILE_TIMEOUT: Duration = Duration::from_secs(shared::consts::DRAIN_ATTEMPT_TIMEOUT_SECS);
-/// How often a finished maintenance renews its one-hour lease and re-checks the node.
-const REQUEUE_HOLD: Duration = Duration::from_secs(30 * 60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -54,8 +54,9 @@ pub enum Error {
         "node {node} changed while we patched it (someone updated its taints at the same time); retrying with a fresh copy"
     )]
     NodeChanged { node: String },
-    #[error("failed to read or write NodeMaintenance {name}: {source}")]
+    #[error("failed to {action} NodeMaintenance {name}: {source}")]
     NodeMaintenance {
+        action: &'static str,
         name: String,
         #[source]
         source: kube::Error,
@@ -68,22 +69,16 @@ pub enum Error {
         "reconcile took longer than {0:?} (the API server is slow or a request hung); retrying"
     )]
     Timeout(Duration),
-    #[error("finalizer {FINALIZER}: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
 }
 
 impl Error {
     /// A write refused because our copy of the object was outdated (HTTP 409).
     pub fn is_conflict(&self) -> bool {
-        let api_code = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 409);
         match self {
-            Error::NodeMaintenance { source, .. } => api_code(source),
+            Error::NodeMaintenance { source, .. } => {
+                matches!(source, kube::Error::Api(s) if s.code == 409)
+            }
             Error::NodeChanged { .. } => true,
-            Error::Finalizer(f) => match f.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e)
-                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.is_conflict(),
-                _ => false,
-            },
             _ => false,
         }
     }
@@ -96,7 +91,6 @@ impl Error {
             Error::NodeMaintenance { .. } => "nodemaintenance",
             Error::Pods(_) => "pods",
             Error::Lease(_) => "lease",
-            Error::Finalizer(_) => "finalizer",
             Error::Timeout(_) => "timeout",
         }
     }
@@ -117,33 +111,67 @@ pub struct Ctx {
     pub conflicts: ConflictStreaks,
 }
 
+impl Ctx {
+    pub fn new(
+        cfg: &crate::config::Config,
+        (client, evict_client): (Client, Client),
+        store: Store<NodeMaintenance>,
+        metrics: Metrics,
+        leadership: &Leadership,
+    ) -> Ctx {
+        Ctx {
+            events: Events::new(client.clone(), crate::leadership::instance_name()),
+            leases: NodeLeases::new(client.clone(), cfg.lease_namespace.clone()),
+            client,
+            evict_client,
+            store,
+            metrics,
+            max_concurrent_maintenances: cfg.max_concurrent_maintenances,
+            max_concurrent_evictions: cfg.max_concurrent_evictions,
+            leadership: leadership.clone(),
+            conflicts: ConflictStreaks::default(),
+        }
+    }
+
+    fn nms(&self) -> Api<NodeMaintenance> {
+        Api::all(self.client.clone())
+    }
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+}
+
 pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     // A standby keeps its caches warm and touches nothing; winning the Lease
     // reconciles everything in the cache (see leadership.rs).
+    let name = nm.name_any();
     if !ctx.leadership.is_leading() {
+        ctx.metrics.queue.forget(&name);
         return Ok(Action::await_change());
     }
-    let started = Instant::now();
-    let api: Api<NodeMaintenance> = Api::all(ctx.client.clone());
-    let name = nm.name_any();
+    let timer = ctx.metrics.reconcile_started(&name);
     // kube's client waits up to 295 s on a request (sized for watches); one
     // hung request must not hold this NodeMaintenance for minutes. Every step
-    // is idempotent and status writes are version-checked, so cutting a
+    // is idempotent and every write is version-checked, so cutting a
     // reconcile short and retrying is safe.
     let bounded = tokio::time::timeout(RECONCILE_TIMEOUT, async {
-        match route(&api, nm.clone(), &ctx).await {
+        match step((*nm).clone(), &ctx).await {
             // Our copy came from the watch cache and the API server holds a
             // newer one (the cache lags, e.g. while a watch reconnects after
             // an API server restart): decide again on the live object now,
             // rather than retrying on the same stale copy until the cache
             // catches up.
-            Err(e) if e.is_conflict() => match api.get_opt(&name).await {
+            Err(e) if e.is_conflict() => match ctx.nms().get_opt(&name).await {
                 Ok(Some(live)) => {
                     tracing::debug!(nodemaintenance = %name, "stale NodeMaintenance in cache; deciding again on a fresh read");
-                    route(&api, Arc::new(live), &ctx).await
+                    step(live, &ctx).await
                 }
-                Ok(None) => Ok(Action::await_change()),
-                Err(source) => Err(Error::NodeMaintenance { name: name.clone(), source }),
+                Ok(None) => Ok(None),
+                Err(source) => Err(Error::NodeMaintenance {
+                    action: "read",
+                    name: name.clone(),
+                    source,
+                }),
             },
             other => other,
         }
@@ -153,34 +181,35 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
     if !matches!(&result, Err(e) if e.is_conflict()) {
         ctx.conflicts.clear(&name);
     }
-    let label = match &result {
-        Ok(a) if *a == Action::await_change() => "success",
-        Ok(_) => "requeue_after",
-        Err(_) => "error",
-    };
-    ctx.metrics
-        .reconciled(label, started.elapsed().as_secs_f64());
+    let seconds = timer.finish(match &result {
+        Ok(None) => ReconcileResult::Success,
+        Ok(Some(after)) => ReconcileResult::RequeueAfter(*after),
+        Err(_) => ReconcileResult::Error,
+    });
     tracing::debug!(
-        nodemaintenance = %nm.name_any(), node = %nm.spec.node_name, result = label,
-        elapsed_ms = started.elapsed().as_millis() as u64, "reconciled"
+        nodemaintenance = %name, node = %nm.spec.node_name, ok = result.is_ok(),
+        requeue_ms = result.as_ref().ok().copied().flatten().map(|d| d.as_millis() as u64),
+        elapsed_ms = (seconds * 1000.0) as u64, "reconciled"
     );
-    result
+    result.map(|next| next.map_or_else(Action::await_change, Action::requeue))
 }
 
-/// Apply or clean up `nm`, through the finalizer.
-async fn route(
-    api: &Api<NodeMaintenance>,
-    nm: Arc<NodeMaintenance>,
-    ctx: &Ctx,
-) -> Result<Action, Error> {
-    finalizer(api, FINALIZER, nm, |event| async {
-        match event {
-            FinalizerEvent::Apply(nm) => apply(&nm, ctx).await,
-            FinalizerEvent::Cleanup(nm) => cleanup(&nm, ctx).await,
+/// One reconcile of `nm`, by where it is in its life.
+async fn step(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
+    let has_finalizer = nm.finalizers().iter().any(|f| f == FINALIZER);
+    match plan::lifecycle(has_finalizer, nm.metadata.deletion_timestamp.is_some()) {
+        Lifecycle::AddFinalizer => {
+            let mut finalizers = nm.finalizers().to_vec();
+            finalizers.push(FINALIZER.to_string());
+            let nm = set_finalizers(ctx, &nm, finalizers).await?;
+            ctx.events.on(&nm, EVENT_BEGIN_MAINTENANCE).await;
+            // The finalizer change comes back through the watch.
+            Ok(None)
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+        Lifecycle::Apply => apply(nm, ctx).await,
+        Lifecycle::Cleanup => cleanup(nm, ctx).await,
+        Lifecycle::Done => Ok(None),
+    }
 }
 
 pub fn error_policy(nm: Arc<NodeMaintenance>, err: &Error, ctx: Arc<Ctx>) -> Action {
@@ -188,6 +217,7 @@ pub fn error_policy(nm: Arc<NodeMaintenance>, err: &Error, ctx: Arc<Ctx>) -> Act
         // Even the fresh read lost to a newer version: someone else is writing
         // this object right now. Back off instead of spinning.
         let wait = ctx.conflicts.record(&nm.name_any());
+        ctx.metrics.requeued(&nm.name_any(), wait);
         tracing::debug!(nodemaintenance = %nm.name_any(), retry_in_ms = wait.as_millis() as u64,
             "NodeMaintenance changed again under a fresh read; retrying");
         return Action::requeue(wait);
@@ -196,6 +226,7 @@ pub fn error_policy(nm: Arc<NodeMaintenance>, err: &Error, ctx: Arc<Ctx>) -> Act
         nodemaintenance = %nm.name_any(), node = %nm.spec.node_name,
         error = %err, kind = err.kind(), "reconcile failed; retrying"
     );
+    ctx.metrics.requeued(&nm.name_any(), REQUEUE_BLOCKED);
     Action::requeue(REQUEUE_BLOCKED)
 }
 
@@ -203,21 +234,44 @@ fn status_of(nm: &NodeMaintenance) -> NodeMaintenanceStatus {
     nm.status.clone().unwrap_or_default()
 }
 
-/// Write `new` as the status if it differs from what the object has (lastUpdate aside).
-/// Cleared fields are sent as null so a merge patch really removes them. The
-/// patch carries the resourceVersion we read: if the cache handed us a stale
-/// object the API server answers 409 and we come back, instead of writing
-/// bookkeeping computed from old state. Events of the contract are tied to the
-/// phase transitions written here, so a retried reconcile never repeats them.
+/// Write the finalizer list, checked against the version we read.
+async fn set_finalizers(
+    ctx: &Ctx,
+    nm: &NodeMaintenance,
+    finalizers: Vec<String>,
+) -> Result<NodeMaintenance, Error> {
+    let name = nm.name_any();
+    ctx.nms()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {
+                "finalizers": finalizers,
+                "resourceVersion": nm.metadata.resource_version
+            }})),
+        )
+        .await
+        .map_err(|source| Error::NodeMaintenance {
+            action: "update the finalizer of",
+            name,
+            source,
+        })
+}
+
+/// Write `new` as the status when [`plan::needs_write`] says so, with a fresh
+/// lastUpdate. Cleared fields are sent as null so a merge patch really removes
+/// them. The patch carries the resourceVersion we read: if the cache handed us
+/// a stale object the API server answers 409 and we decide again, instead of
+/// writing bookkeeping computed from old state. The event of a phase
+/// transition follows the write, so a retried reconcile never repeats it.
 async fn write_status(
     ctx: &Ctx,
     nm: &mut NodeMaintenance,
     mut new: NodeMaintenanceStatus,
+    refresh: bool,
 ) -> Result<(), Error> {
     let old = status_of(nm);
-    let mut cmp = new.clone();
-    cmp.last_update = old.last_update.clone();
-    if cmp == old {
+    if !plan::needs_write(&old, &new, refresh) {
         return Ok(());
     }
     new.last_update = Some(Time(Timestamp::now()));
@@ -238,7 +292,8 @@ async fn write_status(
         }
     }
     let name = nm.name_any();
-    let updated = Api::<NodeMaintenance>::all(ctx.client.clone())
+    *nm = ctx
+        .nms()
         .patch_status(
             &name,
             &PatchParams::default(),
@@ -248,196 +303,143 @@ async fn write_status(
             })),
         )
         .await
-        .map_err(|source| Error::NodeMaintenance { name, source })?;
-    *nm = updated;
-    if old.phase.is_none() && new.phase.is_some() {
-        ctx.events.on(nm, EVENT_BEGIN_MAINTENANCE).await;
+        .map_err(|source| Error::NodeMaintenance {
+            action: "write the status of",
+            name,
+            source,
+        })?;
+    if let Some(event) = plan::transition_event(&old, &new) {
+        ctx.events.on(nm, event).await;
     }
-    if old.phase != new.phase {
-        match new.phase {
-            Some(MaintenancePhase::Succeeded) => ctx.events.on(nm, EVENT_SUCCEED_MAINTENANCE).await,
-            Some(MaintenancePhase::Failed) => ctx.events.on(nm, EVENT_FAILED_MAINTENANCE).await,
-            _ => {}
-        }
-    }
-    if let Some(phase) = &new.phase {
-        ctx.metrics.observe(
-            &nm.name_any(),
-            &nm.spec.node_name,
-            phase,
-            new.drain_progress,
-            new.pending_pods.len(),
-        );
-    }
+    // The per-maintenance gauges follow the watch (watches.rs).
     Ok(())
 }
 
 fn slot_entries(store: &Store<NodeMaintenance>) -> Vec<slots::Entry> {
-    store
-        .state()
-        .iter()
-        .map(|o| slots::Entry {
-            name: o.name_any(),
-            node: o.spec.node_name.clone(),
-            created: o
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0.to_string())
-                .unwrap_or_default(),
-            phase: o.phase().cloned(),
-            deleting: o.metadata.deletion_timestamp.is_some(),
-        })
-        .collect()
+    store.state().iter().map(|o| slots::Entry::of(o)).collect()
 }
 
-async fn fail(ctx: &Ctx, nm: &mut NodeMaintenance, message: String) -> Result<Action, Error> {
-    let mut st = status_of(nm);
-    st.phase = Some(MaintenancePhase::Failed);
-    st.last_error = message;
-    write_status(ctx, nm, st).await?;
-    Ok(Action::await_change())
-}
-
-async fn apply(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Action, Error> {
-    let mut nm = nm.clone();
-    let nm = &mut nm;
-    let name = nm.name_any();
-    let node_name = nm.spec.node_name.clone();
-    let status = status_of(nm);
-    // Failed is final: the node was given back; delete and recreate to retry.
-    if status.phase == Some(MaintenancePhase::Failed) {
-        return Ok(Action::await_change());
-    }
-
-    let me = slots::Entry {
-        name: name.clone(),
-        node: node_name.clone(),
-        created: nm
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.to_string())
-            .unwrap_or_default(),
-        phase: status.phase.clone(),
-        deleting: false,
-    };
-    match slots::decide(
-        &me,
+async fn apply(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
+    let status = status_of(&nm);
+    let slot = slots::decide(
+        &slots::Entry::of(&nm),
         &slot_entries(&ctx.store),
         ctx.max_concurrent_maintenances,
-    ) {
-        SlotDecision::Admitted => {}
-        SlotDecision::Duplicate { owner } => {
-            let msg = format!(
-                "NodeMaintenance {owner} already maintains node {node_name}; this one never touches \
-                 the node: delete NodeMaintenance {name}"
-            );
-            return fail(ctx, nm, msg).await;
+    );
+    let node_name = nm.spec.node_name.clone();
+    let first_sight = match plan::admit(&status, &slot, &nm.name_any(), &node_name) {
+        Admission::Final => return Ok(None),
+        Admission::Fail(st) => {
+            tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error, "maintenance failed");
+            write_status(ctx, &mut nm, st, false).await?;
+            return Ok(None);
         }
-        SlotDecision::Wait {
-            position,
-            holders,
-            max,
-        } => {
-            let mut st = status.clone();
-            st.phase = Some(MaintenancePhase::Pending);
-            st.last_error = slots::wait_message(position, &holders, max);
-            write_status(ctx, nm, st).await?;
-            return Ok(Action::requeue(REQUEUE_PENDING));
+        Admission::Wait(st) => {
+            write_status(ctx, &mut nm, st, false).await?;
+            return Ok(Some(plan::REQUEUE_PENDING));
         }
-    }
-    match apply_admitted(nm, ctx, status.clone()).await {
+        Admission::Proceed { first_sight } => first_sight,
+    };
+    // The node is looked up only once admitted: a queue of waiting
+    // maintenances costs no API requests.
+    let Some(node) = read_node(ctx, &node_name).await? else {
+        let st = plan::node_missing(&status, &node_name);
+        tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, "node not found: maintenance failed");
+        write_status(ctx, &mut nm, st, false).await?;
+        return Ok(None);
+    };
+    match maintain(&mut nm, &node, first_sight, ctx).await {
         Ok(action) => Ok(action),
-        // A conflict is no news for the user: reconcile retries on a fresh read.
+        // A conflict is no news for the user: reconcile decides again on a fresh read.
         Err(e) if e.is_conflict() => Err(e),
         Err(e) => {
-            // Keep the reason visible on the object, as upstream does.
-            let mut st = status;
+            // Keep the reason visible on the object, as upstream does, on top
+            // of the latest status written this round (never an older copy).
+            let mut st = status_of(&nm);
             st.last_error = e.to_string();
-            if let Err(we) = write_status(ctx, nm, st).await {
-                tracing::warn!(nodemaintenance = %name, error = %we, "could not record lastError");
+            if let Err(we) = write_status(ctx, &mut nm, st, false).await {
+                tracing::warn!(nodemaintenance = %nm.name_any(), error = %we, "could not record lastError");
             }
             Err(e)
         }
     }
 }
 
-async fn apply_admitted(
-    nm: &mut NodeMaintenance,
-    ctx: &Ctx,
-    mut st: NodeMaintenanceStatus,
-) -> Result<Action, Error> {
-    let name = nm.name_any();
-    let node_name = nm.spec.node_name.clone();
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let node = match nodes.get_opt(&node_name).await {
-        Ok(Some(n)) => n,
-        Ok(None) => {
-            tracing::warn!(nodemaintenance = %name, node = %node_name, "node not found: maintenance failed");
-            return fail(ctx, nm, msg_node_missing(&node_name)).await;
-        }
-        Err(source) => {
-            return Err(Error::Node {
-                action: "read",
-                node: node_name,
-                source,
-            });
-        }
-    };
-    ensure_owner_reference(ctx, nm, &node).await?;
+async fn read_node(ctx: &Ctx, name: &str) -> Result<Option<Node>, Error> {
+    ctx.nodes()
+        .get_opt(name)
+        .await
+        .map_err(|source| Error::Node {
+            action: "read",
+            node: name.to_string(),
+            source,
+        })
+}
 
-    let first_sight = !matches!(
-        st.phase,
-        Some(MaintenancePhase::Running | MaintenancePhase::Succeeded)
-    );
+/// An admitted maintenance on an existing node: the starting point, the
+/// lease, the node's state, one drain round. `nm` follows every write.
+async fn maintain(
+    nm: &mut NodeMaintenance,
+    node: &Node,
+    first_sight: bool,
+    ctx: &Ctx,
+) -> Result<Requeue, Error> {
+    let node_name = node.name_any();
+    ensure_owner_reference(ctx, nm, node).await?;
     if first_sight {
-        // Upstream's initial bookkeeping: what is on the node before anything moves.
+        // Persist the starting point before anything moves: if this write
+        // loses to a newer object version, nothing was evicted on stale counts.
         let pods = drain::list_node_pods(&ctx.client, &node_name).await?;
-        st.phase = Some(MaintenancePhase::Running);
-        st.eviction_pods = pods.must_leave.len() as i64;
-        st.total_pods = pods.total as i64;
-        st.pending_pods = pods.must_leave.iter().map(|p| p.name_any()).collect();
-        st.pending_pods_refs = drain::references(&pods.must_leave);
-        st.drain_progress = 0;
-        st.last_error.clear();
-        // Persist the starting point before anything moves: if this write loses
-        // to a newer object version, nothing has been evicted on stale counts.
-        write_status(ctx, nm, st.clone()).await?;
+        let st = plan::begin(
+            &status_of(nm),
+            pods.total,
+            drain::references(&pods.must_leave),
+        );
+        write_status(ctx, nm, st, false).await?;
     }
 
     // The lease comes before anything touches the node.
-    match ctx.leases.request(&node).await {
-        Ok(()) => st.error_on_lease_count = 0,
-        Err(LeaseError::HeldByOther(holder)) if st.drain_progress == 0 => {
-            // Someone else (e.g. Self Node Remediation) owns the node and we have
-            // not started: wait without counting.
-            st.last_error = shared::consts::msg_lease_held_by_other(&holder);
-            write_status(ctx, nm, st).await?;
-            return Ok(Action::requeue(REQUEUE_BLOCKED));
+    let outcome = match ctx.leases.request(node).await {
+        Ok(()) => LeaseOutcome::Held,
+        Err(LeaseError::HeldByOther(holder)) => LeaseOutcome::HeldByOther(holder),
+        Err(e) => LeaseOutcome::Failed(e.to_string()),
+    };
+    let st = match plan::after_lease(&status_of(nm), outcome) {
+        LeaseStep::Proceed(st) => st,
+        LeaseStep::Retry(st) => {
+            write_status(ctx, nm, st, true).await?;
+            return Ok(Some(REQUEUE_BLOCKED));
         }
-        Err(e) => {
-            st.error_on_lease_count += 1;
-            if st.error_on_lease_count > MAX_ALLOWED_ERROR_TO_UPDATE_OWNED_LEASE {
-                tracing::error!(nodemaintenance = %name, node = %node_name, error = %e,
-                    "lease lost for good: giving the node back");
-                restore_node(ctx, &node).await?;
-                ctx.leases.release(&node_name).await?;
-                return fail(ctx, nm, msg_lease_failed(st.error_on_lease_count)).await;
-            }
-            st.last_error = e.to_string();
-            write_status(ctx, nm, st).await?;
-            return Ok(Action::requeue(REQUEUE_BLOCKED));
+        LeaseStep::GiveUp(st) => {
+            tracing::error!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error,
+                "lease lost for good: giving the node back");
+            restore_node(ctx, node).await?;
+            ctx.leases.release(&node_name).await?;
+            write_status(ctx, nm, st, false).await?;
+            return Ok(None);
         }
-    }
+    };
 
-    if let Some(ops) = node::enter_patch(&node) {
+    if let Some(ops) = node::enter_patch(node) {
         patch_node(ctx, &node_name, ops, "put into maintenance").await?;
-        tracing::info!(nodemaintenance = %name, node = %node_name, "node cordoned, tainted and excluded from remediation");
+        tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, "node cordoned, tainted and excluded from remediation");
     }
 
-    // One drain round.
-    let pods = drain::list_node_pods(&ctx.client, &node_name).await?;
+    let round = drain_round(ctx, &node_name).await?;
+    let next = plan::after_round(&st, round);
+    let done = next.status.phase == Some(shared::MaintenancePhase::Succeeded)
+        && st.phase != Some(shared::MaintenancePhase::Succeeded);
+    write_status(ctx, nm, next.status, next.refresh).await?;
+    if done {
+        tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, "node drained: maintenance succeeded");
+    }
+    Ok(Some(next.requeue))
+}
+
+/// Evict what must leave the node (concurrently, bounded) and report what is
+/// still there and why.
+async fn drain_round(ctx: &Ctx, node_name: &str) -> Result<plan::Round, Error> {
+    let pods = drain::list_node_pods(&ctx.client, node_name).await?;
     let outcomes = drain::evict_all(
         &ctx.evict_client,
         pods.must_leave.clone(),
@@ -453,44 +455,14 @@ async fn apply_admitted(
             PodOutcome::Terminating(_) => {}
         }
     }
-    let still_there: Vec<_> = pods
-        .must_leave
-        .iter()
-        .filter(|p| {
-            let r = drain::references(std::slice::from_ref(p));
-            r.first()
-                .and_then(|r| outcomes.get(r))
-                .is_none_or(|o| *o != PodOutcome::Gone)
-        })
-        .cloned()
+    let remaining = drain::references(&pods.must_leave)
+        .into_iter()
+        .filter(|r| outcomes.get(r).is_none_or(|o| *o != PodOutcome::Gone))
         .collect();
-
-    if still_there.is_empty() {
-        let newly = st.phase != Some(MaintenancePhase::Succeeded);
-        st.phase = Some(MaintenancePhase::Succeeded);
-        st.drain_progress = 100;
-        st.pending_pods.clear();
-        st.pending_pods_refs.clear();
-        st.last_error.clear();
-        write_status(ctx, nm, st).await?;
-        if newly {
-            tracing::info!(nodemaintenance = %name, node = %node_name, "node drained: maintenance succeeded");
-        }
-        return Ok(Action::requeue(REQUEUE_HOLD));
-    }
-
-    st.pending_pods = still_there.iter().map(|p| p.name_any()).collect();
-    st.pending_pods_refs = drain::references(&still_there);
-    st.drain_progress = crate::classify::drain_progress(st.eviction_pods, still_there.len() as i64);
-    let blocked = drain::blocker_summary(&node_name, &outcomes);
-    let requeue = if blocked.is_some() {
-        REQUEUE_BLOCKED
-    } else {
-        REQUEUE_TERMINATING
-    };
-    st.last_error = blocked.unwrap_or_default();
-    write_status(ctx, nm, st).await?;
-    Ok(Action::requeue(requeue))
+    Ok(plan::Round {
+        remaining,
+        blocker: drain::blocker_summary(node_name, &outcomes),
+    })
 }
 
 async fn ensure_owner_reference(
@@ -498,22 +470,23 @@ async fn ensure_owner_reference(
     nm: &mut NodeMaintenance,
     node: &Node,
 ) -> Result<(), Error> {
-    let uid = node.metadata.uid.clone().unwrap_or_default();
+    let wanted = OwnerReference {
+        controller: Some(false),
+        block_owner_deletion: Some(false),
+        ..shared::nodes::owner_reference(node)
+    };
     let mut refs = nm.metadata.owner_references.clone().unwrap_or_default();
-    if refs.iter().any(|r| r.kind == "Node" && r.uid == uid) {
+    if refs
+        .iter()
+        .any(|r| r.kind == wanted.kind && r.uid == wanted.uid)
+    {
         return Ok(());
     }
     refs.retain(|r| r.kind != "Node");
-    refs.push(OwnerReference {
-        api_version: "v1".into(),
-        kind: "Node".into(),
-        name: node.name_any(),
-        uid,
-        controller: Some(false),
-        block_owner_deletion: Some(false),
-    });
+    refs.push(wanted);
     let name = nm.name_any();
-    Api::<NodeMaintenance>::all(ctx.client.clone())
+    *nm = ctx
+        .nms()
         .patch(
             &name,
             &PatchParams::default(),
@@ -523,8 +496,12 @@ async fn ensure_owner_reference(
             }})),
         )
         .await
-        .map(|updated| *nm = updated)
-        .map_err(|source| Error::NodeMaintenance { name, source })
+        .map_err(|source| Error::NodeMaintenance {
+            action: "set the Node owner reference of",
+            name,
+            source,
+        })?;
+    Ok(())
 }
 
 async fn patch_node(
@@ -539,7 +516,7 @@ async fn patch_node(
             node: node.to_string(),
             source: kube::Error::SerdeError(e),
         })?;
-    Api::<Node>::all(ctx.client.clone())
+    ctx.nodes()
         .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
         .map(|_| ())
@@ -557,55 +534,58 @@ async fn patch_node(
         })
 }
 
-/// Take our taints, cordon and label off the node and say so on the Node.
+/// Take our taints, cordon and label off the node; say UncordonNode on the
+/// Node only when that changed something (a retried cleanup finds the node
+/// already given back and says nothing).
 async fn restore_node(ctx: &Ctx, node: &Node) -> Result<(), Error> {
     if let Some(ops) = node::exit_patch(node) {
         patch_node(ctx, &node.name_any(), ops, "give back").await?;
+        ctx.events.on(node, EVENT_UNCORDON_NODE).await;
     }
-    ctx.events.on(node, EVENT_UNCORDON_NODE).await;
     Ok(())
 }
 
-async fn cleanup(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Action, Error> {
+/// A deleted NodeMaintenance: give the node back (if this one had it), release
+/// the lease, then remove the finalizer; RemovedMaintenance once that worked.
+/// A finalizer that cannot be removed (e.g. the webhook is down) is retried
+/// without repeating events: the node is already given back by then.
+async fn cleanup(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
     let name = nm.name_any();
     let node_name = nm.spec.node_name.clone();
     // The cache can hand us an object whose cleanup already finished (our own
-    // node patch re-queues it): check the live object so events are not doubled.
-    match Api::<NodeMaintenance>::all(ctx.client.clone())
-        .get_opt(&name)
-        .await
-    {
-        Ok(Some(live)) if live.finalizers().iter().any(|f| f == FINALIZER) => {}
-        Ok(_) => return Ok(Action::await_change()),
-        Err(source) => return Err(Error::NodeMaintenance { name, source }),
-    }
-    // Only an admitted maintenance touched the node; Pending, duplicate and
-    // failed ones (already restored) leave it alone.
-    let touched = matches!(
-        nm.phase(),
-        Some(MaintenancePhase::Running | MaintenancePhase::Succeeded)
-    );
-    if touched {
-        match Api::<Node>::all(ctx.client.clone())
-            .get_opt(&node_name)
-            .await
+    // node patch re-queues it); a later maintenance of the same node may hold
+    // it by now. Only the live object says whether this cleanup is still due.
+    let nm = match ctx.nms().get_opt(&name).await {
+        Ok(Some(live))
+            if live.metadata.uid == nm.metadata.uid
+                && live.finalizers().iter().any(|f| f == FINALIZER) =>
         {
-            Ok(Some(node)) => restore_node(ctx, &node).await?,
-            Ok(None) => {
-                tracing::info!(nodemaintenance = %name, node = %node_name, "node already gone")
-            }
-            Err(source) => {
-                return Err(Error::Node {
-                    action: "read",
-                    node: node_name,
-                    source,
-                });
-            }
+            live
+        }
+        Ok(_) => return Ok(None),
+        Err(source) => {
+            return Err(Error::NodeMaintenance {
+                action: "read",
+                name,
+                source,
+            });
+        }
+    };
+    if plan::touched_node(nm.phase()) {
+        match read_node(ctx, &node_name).await? {
+            Some(node) => restore_node(ctx, &node).await?,
+            None => tracing::info!(nodemaintenance = %name, node = %node_name, "node already gone"),
         }
         ctx.leases.release(&node_name).await?;
         tracing::info!(nodemaintenance = %name, node = %node_name, "maintenance ended: node given back, lease released");
     }
-    ctx.metrics.forget(&name, &node_name);
-    ctx.events.on(nm, EVENT_REMOVED_MAINTENANCE).await;
-    Ok(Action::await_change())
+    let rest: Vec<String> = nm
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    let nm = set_finalizers(ctx, &nm, rest).await?;
+    ctx.events.on(&nm, EVENT_REMOVED_MAINTENANCE).await;
+    Ok(None)
 }

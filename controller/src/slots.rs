@@ -6,7 +6,8 @@
 //! Running or Succeeded) until it is gone, deletion included, so the next one
 //! starts only after the node was given back.
 
-use shared::MaintenancePhase;
+use kube::ResourceExt;
+use shared::{MaintenancePhase, NodeMaintenance};
 
 /// What the slot logic needs to know about one NodeMaintenance.
 #[derive(Debug, Clone)]
@@ -20,6 +21,22 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// The one place a NodeMaintenance becomes a slot entry.
+    pub fn of(nm: &NodeMaintenance) -> Entry {
+        Entry {
+            name: nm.name_any(),
+            node: nm.spec.node_name.clone(),
+            created: nm
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .unwrap_or_default(),
+            phase: nm.phase().cloned(),
+            deleting: nm.metadata.deletion_timestamp.is_some(),
+        }
+    }
+
     fn admitted(&self) -> bool {
         matches!(
             self.phase,

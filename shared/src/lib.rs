@@ -17,6 +17,7 @@ pub mod namespace;
 pub mod nodes;
 pub mod probes;
 pub mod quorum;
+pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
 pub mod version;

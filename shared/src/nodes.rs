@@ -2,7 +2,24 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
 use crate::consts::{ROLE_CONTROL_PLANE_LABEL, ROLE_MASTER_LABEL};
+
+/// An owner reference to `node` (apiVersion v1, kind Node, name, uid), so
+/// deleting the Node garbage-collects the owned object. The node lease
+/// carries it as it is (as the medik8s library writes it); the
+/// NodeMaintenance adds `controller: false, blockOwnerDeletion: false`.
+pub fn owner_reference(node: &Node) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: node.metadata.name.clone().unwrap_or_default(),
+        uid: node.metadata.uid.clone().unwrap_or_default(),
+        ..Default::default()
+    }
+}
 
 /// A node is control plane when it carries either role label (any value).
 pub fn is_control_plane(labels: Option<&BTreeMap<String, String>>) -> bool {

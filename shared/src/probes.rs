@@ -73,6 +73,20 @@ impl Readiness {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
 
+    /// Resolves after `requested` did, having turned `/readyz` red: hand it
+    /// to whatever stops the work on shutdown.
+    pub fn fail_after(
+        &self,
+        requested: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let me = self.clone();
+        async move {
+            requested.await;
+            tracing::info!("shutdown requested: /readyz now fails; finishing the work in flight");
+            me.begin_shutdown();
+        }
+    }
+
     /// Whether shutdown began (servers then stop keeping connections alive).
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)

@@ -426,3 +426,31 @@ impl Replica {
         )
     }
 }
+
+/// (type, reason, message) of the events the controller wrote about `object`.
+pub async fn events_of(client: &Client, object: &str) -> Vec<(String, String, String)> {
+    let lp = ListParams::default().fields(&format!("involvedObject.name={object}"));
+    let mut seen: Vec<_> = Api::<Event>::namespaced(client.clone(), "default")
+        .list(&lp)
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.source.as_ref().and_then(|s| s.component.as_deref()) == Some("NodeMaintenance")
+        })
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+            )
+        })
+        .collect();
+    seen.sort();
+    seen
+}
+
+pub fn ev(type_: &str, reason: &str, message: &str) -> (String, String, String) {
+    (type_.into(), reason.into(), message.into())
+}

@@ -37,3 +37,20 @@ pub enum Poll<T> {
     /// Not yet, and what was seen instead.
     Pending(String),
 }
+
+/// Watch `check` stay true for `window`, failing as soon as it does not: for
+/// a negative ("nothing more happens") no condition can signal, so a fixed
+/// observation window is the assertion itself, not a synchronisation.
+pub async fn stays<F, Fut>(what: &str, window: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let end = tokio::time::Instant::now() + window;
+    while tokio::time::Instant::now() < end {
+        if let Err(seen) = check().await {
+            panic!("{what}: {seen}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

@@ -109,3 +109,10 @@ pub async fn register_url(client: &Client, group: &str, port: u16, ca_bundle: &s
         .await
         .expect("ValidatingWebhookConfiguration created");
 }
+
+/// Remove what [`register_url`] registered for `group` (best effort).
+pub async fn unregister(client: &Client, group: &str) {
+    let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .delete(group, &kube::api::DeleteParams::default())
+        .await;
+}

@@ -11,13 +11,13 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use nmo_tests::fixtures::GROUP_KEY;
-use nmo_tests::wait::{Poll, until};
+use nmo_tests::wait::{Poll, stays, until};
 use serde_json::json;
 use shared::MaintenancePhase;
 use shared::consts::LEADER_ELECTION_LEASE_NAME;
 
 use nmo_tests::controller_env::{
-    ControllerEnv as Env, LONG, is_cordoned, node_taint_keys, running_on,
+    ControllerEnv as Env, LONG, events_of, is_cordoned, node_taint_keys, running_on,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,10 +377,30 @@ async fn missing_node_fails_without_retry_loop() {
     env.create_nm(&env.n("a"), &ghost).await;
     let nm = env.wait_phase(&env.n("a"), MaintenancePhase::Failed).await;
     assert_eq!(
-        nm.status.expect("status").last_error,
+        nm.status.as_ref().expect("status").last_error,
         format!("nodes \"{ghost}\" not found")
     );
     env.wait_event(&env.n("a"), "FailedMaintenance").await;
+    // No retry loop: across two retry periods (5 s) the object is not
+    // written again and the event is not repeated.
+    let version = nm.metadata.resource_version.clone();
+    let name = env.n("a");
+    stays("Failed is final", Duration::from_secs(11), || {
+        let (api, client, name, version) = (env.nms(), env.client(), name.clone(), version.clone());
+        async move {
+            let now = api.get(&name).await.map_err(|e| e.to_string())?;
+            let events = events_of(&client, &name).await;
+            if now.metadata.resource_version == version && events.len() == 2 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "resourceVersion {:?} (was {version:?}), events {events:?}",
+                    now.metadata.resource_version
+                ))
+            }
+        }
+    })
+    .await;
     env.nms()
         .delete(&env.n("a"), &DeleteParams::default())
         .await
@@ -419,12 +439,22 @@ async fn duplicate_for_same_node_fails_and_never_touches_it() {
 async fn deleting_the_node_collects_the_maintenance_and_its_lease() {
     let env = Env::new("nm-gc", 1).await;
     let target = env.node_in_maintenance().await;
+    // The lease's ownerReference would let the garbage collector delete it
+    // too: take it away, so only the controller's release can.
+    Api::<Lease>::namespaced(env.client(), "medik8s-leases")
+        .patch(
+            &format!("node-{target}"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"ownerReferences": null}})),
+        )
+        .await
+        .expect("lease without ownerReferences");
     env.nodes()
         .delete(&target, &DeleteParams::default())
         .await
         .expect("delete node");
     env.wait_gone(&env.n("a")).await;
-    until("lease removed", LONG, || async {
+    until("lease released by the controller", LONG, || async {
         Ok(match env.lease(&target).await {
             None => Poll::Ready(()),
             Some(l) => Poll::Pending(format!("{:?}", l.spec)),
@@ -468,15 +498,22 @@ async fn probes_metrics_and_clean_shutdown() {
     assert_eq!(wait_http(probe, "/healthz").await, "ok");
     assert_eq!(wait_http(probe, "/readyz").await, "ok");
     let target = env.node_in_maintenance().await;
+    // Series that only count after real work: a value above 0 (a series
+    // created at 0 up front would not pass). Exact names and labels of every
+    // controller-runtime series: tests/tests/controller_metrics.rs.
     let text = wait_http(metrics, "/metrics").await;
     for series in [
-        "controller_runtime_reconcile_total{controller=\"nodemaintenance\",result=\"success\"}",
-        "controller_runtime_reconcile_duration_seconds_bucket",
-        "controller_runtime_reconcile_errors_total",
-        "nmo_nodemaintenance_drain_progress_percent",
-        "nmo_controller_api_requests_total",
+        "controller_runtime_reconcile_total{controller=\"nodemaintenance\",result=\"requeue_after\"}",
+        "controller_runtime_reconcile_time_seconds_count{controller=\"nodemaintenance\"}",
     ] {
-        assert!(text.contains(series), "metric {series} exposed:\n{text}");
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        assert!(
+            value.is_some_and(|v| v > 0.0),
+            "{series} counted the reconciles of a maintenance: {value:?}\n{text}"
+        );
     }
     let phase_line = format!(
         "nmo_nodemaintenance_phase{{name=\"{}\",node=\"{target}\",phase=\"Succeeded\"}} 1",

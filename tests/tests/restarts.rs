@@ -14,7 +14,6 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -572,8 +571,6 @@ async fn webhook_decides_right_for_a_node_created_after_an_apiserver_restart() {
     );
     let dp = DeleteParams::default();
     let _ = api.delete(&format!("{g}-a"), &dp).await;
-    let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .delete(&g, &dp)
-        .await;
+    nmo_tests::webhook_pod::unregister(&client, &g).await;
     bed.teardown().await;
 }

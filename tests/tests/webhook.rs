@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -280,9 +279,7 @@ impl Drop for Cleanup {
                     return;
                 };
                 let dp = DeleteParams::default();
-                let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                    .delete(&group, &dp)
-                    .await;
+                nmo_tests::webhook_pod::unregister(&client, &group).await;
                 let nms: Api<NodeMaintenance> = Api::all(client.clone());
                 if let Ok(list) = nms.list(&ListParams::default()).await {
                     for n in list.items {

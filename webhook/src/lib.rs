@@ -14,7 +14,6 @@ pub mod etcd;
 pub mod metrics;
 pub mod review;
 pub mod server;
-pub mod shutdown;
 pub mod tls;
 pub mod validate;
 
@@ -86,7 +85,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
     let listeners = config.listeners()?;
     let metrics = Metrics::new()?;
     let readiness = Readiness::default();
-    let signals = shutdown::Signals::install()?;
+    let signals = shared::shutdown::Signals::install()?;
 
     // Certificate first: unusable files stop the start with the path in the message.
     let cert_gate = readiness.gate("serving certificate");
@@ -146,13 +145,12 @@ pub async fn run(config: Config) -> Result<(), Error> {
     };
     let shutdown_delay = config.shutdown_delay;
     let stop_accepting = {
-        let readiness = readiness.clone();
-        let requested = signals.requested();
+        let failing = readiness.fail_after(signals.requested());
         async move {
-            requested.await;
-            readiness.begin_shutdown();
-            tracing::info!(delay = ?shutdown_delay, "shutdown requested; /readyz is now failing");
+            failing.await;
+            // Endpoints need a moment to drop this replica: keep serving.
             if !shutdown_delay.is_zero() {
+                tracing::info!(delay = ?shutdown_delay, "serving on during --shutdown-delay");
                 tokio::time::sleep(shutdown_delay).await;
             }
         }

@@ -1,4 +1,5 @@
-//! SIGTERM / SIGINT turned into a future any task can await.
+//! SIGTERM / SIGINT turned into a future any task can await: the one place
+//! both services handle signals.
 
 use std::future::Future;
 

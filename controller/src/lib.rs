@@ -1,0 +1,17 @@
+//! nmo-controller's modules; main.rs wires them together.
+
+pub mod classify;
+pub mod config;
+pub mod conflicts;
+pub mod drain;
+pub mod events;
+pub mod leadership;
+pub mod metrics;
+pub mod node;
+pub mod node_lease;
+pub mod plan;
+pub mod queue_metrics;
+pub mod reconcile;
+pub mod serving;
+pub mod slots;
+pub mod watches;

@@ -1,0 +1,60 @@
+//! The controller's endpoints beside the API server work: health probes
+//! (started first, so a slow API server still shows liveness) and metrics
+//! (HTTPS with token checks unless --metrics-secure=false). Both answer until
+//! the process exits, so /readyz says "shutting down" while reconciles finish.
+
+use anyhow::Context as _;
+use kube::Client;
+use shared::probes::{Readiness, bind_and_serve, probe_router};
+use shared::telemetry::parse_bind_address;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+pub async fn probes(cfg: &Config, readiness: &Readiness) -> anyhow::Result<()> {
+    let flag = "--health-probe-bind-address";
+    if let Some(addr) = parse_bind_address(flag, &cfg.runtime.health_probe_bind_address)? {
+        let serving = bind_and_serve(
+            "probes",
+            addr,
+            probe_router(readiness.clone()),
+            std::future::pending(),
+        )
+        .await?;
+        tokio::spawn(serving);
+    }
+    Ok(())
+}
+
+pub async fn metrics(cfg: &Config, metrics: &Metrics, client: &Client) -> anyhow::Result<()> {
+    let names = vec![format!(
+        "nmo-controller-metrics.{}.svc",
+        cfg.leader_election_namespace
+    )];
+    if let Some(serving) = shared::metrics_server::MetricsServing::from_flags(&cfg.runtime, names)?
+    {
+        let serving = shared::metrics_server::serve(
+            serving,
+            metrics.registry.clone(),
+            client.clone(),
+            std::future::pending(),
+        )
+        .await?;
+        tokio::spawn(serving);
+    }
+    Ok(())
+}
+
+/// The controller's API clients, every request counted in the metrics: one
+/// for everything, and one for evictions that does not retry 429 by itself:
+/// for the Eviction API a 429 is the answer ("a PodDisruptionBudget says not
+/// now"), and the drain must record it and move on, not sit in a
+/// multi-minute backoff.
+pub async fn clients(metrics: &Metrics) -> anyhow::Result<(Client, Client)> {
+    let mut config = kube::Config::infer().await.context(
+        "loading the Kubernetes client configuration (in-cluster or KUBECONFIG); check the service account or kubeconfig",
+    )?;
+    let client = metrics.counted_client(config.clone())?;
+    config.default_retry = false;
+    Ok((client, metrics.counted_client(config)?))
+}

@@ -1,0 +1,188 @@
+//! What the controller watches, and what wakes a reconcile: NodeMaintenance
+//! changes that matter (spec, finalizers, deletion; not our own status
+//! writes), a full re-list after the watch lost track, and changes of a node
+//! that a NodeMaintenance names.
+
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
+use kube::{Api, Client, ResourceExt};
+use shared::NodeMaintenance;
+use shared::probes::Gate;
+
+use crate::metrics::Metrics;
+use crate::queue_metrics::WorkQueue;
+
+/// The NodeMaintenance watch feeding `store`: Ready (`synced`) once the first
+/// full list is in the cache. A later full list means the watch had lost track
+/// (410 Gone after an API server restart, or a failed watch): once the store
+/// holds it, the returned receiver fires so every NodeMaintenance is
+/// reconciled, as an informer's re-list does upstream, and a round that failed
+/// while the API server was away is not left waiting for its requeue.
+pub fn nodemaintenances(
+    client: Client,
+    selector: &str,
+    writer: reflector::store::Writer<NodeMaintenance>,
+    synced: Gate,
+    metrics: Metrics,
+) -> (
+    impl Stream<Item = Result<NodeMaintenance, watcher::Error>> + Send + 'static,
+    UnboundedReceiver<()>,
+) {
+    let mut wc = watcher::Config::default();
+    if !selector.is_empty() {
+        wc = wc.labels(selector);
+    }
+    let (relisted_tx, relisted) = unbounded::<()>();
+    let store = writer.as_reader();
+    let queue = metrics.queue.clone();
+    let stream = watcher(Api::<NodeMaintenance>::all(client), wc)
+        .reflect(writer)
+        .inspect(move |event| {
+            on_nodemaintenance_event(event, &synced, &relisted_tx);
+            gauges_follow(event, &store, &metrics);
+        })
+        .applied_objects()
+        .predicate_filter(
+            |nm: &NodeMaintenance| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                predicates::generation(nm).hash(&mut h);
+                predicates::finalizers(nm).hash(&mut h);
+                nm.metadata.deletion_timestamp.is_some().hash(&mut h);
+                Some(h.finish())
+            },
+            Default::default(),
+        )
+        .inspect(move |nm| {
+            if let Ok(nm) = nm {
+                queue.added(&nm.name_any(), Duration::ZERO);
+            }
+        });
+    (stream, relisted)
+}
+
+fn on_nodemaintenance_event(
+    event: &Result<watcher::Event<NodeMaintenance>, watcher::Error>,
+    synced: &Gate,
+    relisted: &UnboundedSender<()>,
+) {
+    match event {
+        Ok(watcher::Event::InitDone) if !synced.is_open() => {
+            synced.set(true);
+            tracing::info!("NodeMaintenance cache synced");
+        }
+        Ok(watcher::Event::InitDone) => {
+            tracing::info!(
+                "NodeMaintenance watch listed everything again (it had lost track); reconciling every NodeMaintenance"
+            );
+            let _ = relisted.unbounded_send(());
+        }
+        Err(e) => log_watch_error("nodemaintenances.nodemaintenance.medik8s.io", e),
+        Ok(_) => {}
+    }
+}
+
+/// The per-maintenance gauges follow the cache on every replica, leader or
+/// not: a restart or a failover never blanks them, so alerts with a `for:`
+/// keep their history. Written after the reflector, so a full re-list
+/// (InitDone) also drops the series of objects deleted meanwhile.
+fn gauges_follow(
+    event: &Result<watcher::Event<NodeMaintenance>, watcher::Error>,
+    store: &Store<NodeMaintenance>,
+    metrics: &Metrics,
+) {
+    match event {
+        Ok(watcher::Event::Apply(nm) | watcher::Event::InitApply(nm)) => show(metrics, nm),
+        Ok(watcher::Event::Delete(nm)) => metrics.forget(&nm.name_any(), &nm.spec.node_name),
+        Ok(watcher::Event::InitDone) => metrics.rebuild(&store.state()),
+        Ok(watcher::Event::Init) | Err(_) => {}
+    }
+}
+
+fn show(metrics: &Metrics, nm: &NodeMaintenance) {
+    let Some(status) = &nm.status else { return };
+    if let Some(phase) = &status.phase {
+        let pending = status.pending_pods.len();
+        let (name, node) = (nm.name_any(), &nm.spec.node_name);
+        metrics.observe(&name, node, phase, status.drain_progress, pending);
+    }
+}
+
+/// Node changes that matter to a maintenance (cordon, taints, labels, a node
+/// recreated under the same name), as a stream of nodes.
+pub fn nodes(client: Client) -> impl Stream<Item = Result<Node, watcher::Error>> + Send + 'static {
+    watcher(Api::<Node>::all(client), watcher::Config::default())
+        .inspect(|event| {
+            if let Err(e) = event {
+                log_watch_error("nodes", e);
+            }
+        })
+        .applied_objects()
+        .predicate_filter(
+            |n: &Node| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                if let Some(spec) = &n.spec {
+                    spec.unschedulable.hash(&mut h);
+                    if let Some(t) = &spec.taints {
+                        for t in t {
+                            (&t.key, &t.effect).hash(&mut h);
+                        }
+                    }
+                }
+                n.metadata.labels.hash(&mut h);
+                n.metadata.uid.hash(&mut h);
+                Some(h.finish())
+            },
+            Default::default(),
+        )
+}
+
+/// The NodeMaintenances (from the cache) that name `node`, each queued.
+pub fn maintenances_of(
+    store: &Store<NodeMaintenance>,
+    node: &Node,
+    queue: &WorkQueue,
+) -> Vec<ObjectRef<NodeMaintenance>> {
+    let name = node.name_any();
+    store
+        .state()
+        .iter()
+        .filter(|nm| nm.spec.node_name == name)
+        .inspect(|nm| queue.added(&nm.name_any(), Duration::ZERO))
+        .map(|nm| ObjectRef::from_obj(nm.as_ref()))
+        .collect()
+}
+
+/// `trigger` (leadership won, a re-list) queues every cached NodeMaintenance.
+pub fn reconcile_all<S: Stream<Item = ()> + Send + 'static>(
+    trigger: S,
+    store: Store<NodeMaintenance>,
+    queue: WorkQueue,
+) -> impl Stream<Item = ()> + Send + 'static {
+    trigger.inspect(move |()| {
+        for nm in store.state() {
+            queue.added(&nm.name_any(), Duration::ZERO);
+        }
+    })
+}
+
+/// A watch failed; it reconnects on its own (see `shared::watch`).
+fn log_watch_error(resource: &str, e: &watcher::Error) {
+    if matches!(e, watcher::Error::WatchError(s) if s.code == 410) {
+        tracing::info!(
+            error = %e,
+            "watch of {resource} expired (the API server no longer holds its position, e.g. after a restart); listing it again"
+        );
+        return;
+    }
+    tracing::warn!(
+        error = %e,
+        "watch of {resource} failed; reconnecting within 2 s. If this repeats, check that the API \
+         server is reachable and that the controller's ClusterRole grants list and watch on {resource}"
+    );
+}
