@@ -35,6 +35,10 @@ impl Events {
     }
 
     pub async fn publish(&self, on: ObjectReference, ev: EventSpec) {
+        self.send(on, ev.reason, ev.warning, ev.message).await;
+    }
+
+    async fn send(&self, on: ObjectReference, reason: &str, warning: bool, message: &str) {
         let now = Timestamp::now();
         let obj_name = on.name.clone().unwrap_or_default();
         // Cluster-scoped objects (Node, NodeMaintenance) get their events in "default".
@@ -49,9 +53,9 @@ impl Events {
                 ..Default::default()
             },
             involved_object: on,
-            reason: Some(ev.reason.to_string()),
-            message: Some(ev.message.to_string()),
-            type_: Some(if ev.warning { "Warning" } else { "Normal" }.to_string()),
+            reason: Some(reason.to_string()),
+            message: Some(message.to_string()),
+            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
             source: Some(EventSource {
                 component: Some(EVENT_COMPONENT.to_string()),
                 host: None,
@@ -60,7 +64,7 @@ impl Events {
             last_timestamp: Some(Time(now)),
             event_time: Some(MicroTime(now)),
             count: Some(1),
-            action: Some(ev.reason.to_string()),
+            action: Some(reason.to_string()),
             reporting_component: Some(EVENT_COMPONENT.to_string()),
             reporting_instance: Some(self.instance.clone()),
             ..Default::default()
@@ -68,15 +72,26 @@ impl Events {
         let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
         if let Err(e) = api.create(&PostParams::default(), &event).await {
             tracing::warn!(
-                object = %obj_name, reason = ev.reason, error = %e,
+                object = %obj_name, reason, error = %e,
                 "could not record event; check the controller may create events in namespace {ns}"
             );
         } else {
-            tracing::debug!(object = %obj_name, reason = ev.reason, "event recorded");
+            tracing::debug!(object = %obj_name, reason, "event recorded");
         }
     }
 
     pub async fn on<K: Resource<DynamicType = ()> + ResourceExt>(&self, obj: &K, ev: EventSpec) {
         self.publish(reference(obj), ev).await;
+    }
+
+    /// A Warning event whose message is built at run time (beyond upstream's
+    /// fixed set, e.g. DrainBlocked naming the pods in the way).
+    pub async fn warn<K: Resource<DynamicType = ()> + ResourceExt>(
+        &self,
+        obj: &K,
+        reason: &'static str,
+        message: &str,
+    ) {
+        self.send(reference(obj), reason, true, message).await;
     }
 }

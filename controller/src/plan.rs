@@ -59,7 +59,7 @@ pub fn touched_node(phase: Option<&MaintenancePhase>) -> bool {
 }
 
 /// The first decision of a reconcile: may this maintenance go on?
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Admission {
     /// Failed is final: the node was given back; delete and recreate to retry.
     Final,
@@ -143,7 +143,7 @@ pub enum LeaseOutcome {
     Failed(String),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum LeaseStep {
     /// Ours: go on with this status (the error count reset).
     Proceed(Status),
@@ -195,7 +195,7 @@ pub struct Round {
 }
 
 /// The status to write after a round, and when to come back.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Next {
     pub status: Status,
     pub requeue: Duration,

@@ -19,6 +19,7 @@ use shared::consts::{
 };
 use shared::{NodeMaintenance, NodeMaintenanceStatus};
 
+use crate::conditions::{self, Cause};
 use crate::conflicts::ConflictStreaks;
 use crate::drain::{self, PodOutcome};
 use crate::events::Events;
@@ -234,6 +235,35 @@ fn status_of(nm: &NodeMaintenance) -> NodeMaintenanceStatus {
     nm.status.clone().unwrap_or_default()
 }
 
+/// Why a status is written, for its conditions: the cause, whether the node
+/// is in maintenance, and whether lastUpdate must move even if nothing else
+/// did (a blocked retry: runbooks watch its freshness).
+#[derive(Debug, Clone, Copy)]
+struct Why {
+    cause: Cause,
+    cordoned: bool,
+    refresh: bool,
+}
+
+impl Why {
+    fn new(cause: Cause, cordoned: bool) -> Why {
+        Why {
+            cause,
+            cordoned,
+            refresh: false,
+        }
+    }
+    fn refreshed(self) -> Why {
+        Why {
+            refresh: true,
+            ..self
+        }
+    }
+}
+
+/// DrainBlocked (Warning): the pods in the way changed (not on every retry).
+const EVENT_DRAIN_BLOCKED: &str = "DrainBlocked";
+
 /// Write the finalizer list, checked against the version we read.
 async fn set_finalizers(
     ctx: &Ctx,
@@ -268,13 +298,22 @@ async fn write_status(
     ctx: &Ctx,
     nm: &mut NodeMaintenance,
     mut new: NodeMaintenanceStatus,
-    refresh: bool,
+    why: Why,
 ) -> Result<(), Error> {
     let old = status_of(nm);
-    if !plan::needs_write(&old, &new, refresh) {
+    let now = Time(Timestamp::now());
+    new.conditions = conditions::conditions(
+        &old.conditions,
+        &new,
+        why.cause,
+        why.cordoned,
+        nm.metadata.generation,
+        &now,
+    );
+    if !plan::needs_write(&old, &new, why.refresh) {
         return Ok(());
     }
-    new.last_update = Some(Time(Timestamp::now()));
+    new.last_update = Some(now);
     let mut body = serde_json::to_value(&new).unwrap_or_else(|_| json!({}));
     if let Value::Object(map) = &mut body {
         for field in [
@@ -287,6 +326,7 @@ async fn write_status(
             "totalpods",
             "evictionPods",
             "errorOnLeaseCount",
+            "conditions",
         ] {
             map.entry(field).or_insert(Value::Null);
         }
@@ -311,6 +351,9 @@ async fn write_status(
     if let Some(event) = plan::transition_event(&old, &new) {
         ctx.events.on(nm, event).await;
     }
+    if let Some(blockers) = conditions::drain_blocked_news(&old.conditions, &new.conditions) {
+        ctx.events.warn(nm, EVENT_DRAIN_BLOCKED, blockers).await;
+    }
     // The per-maintenance gauges follow the watch (watches.rs).
     Ok(())
 }
@@ -331,11 +374,13 @@ async fn apply(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
         Admission::Final => return Ok(None),
         Admission::Fail(st) => {
             tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error, "maintenance failed");
-            write_status(ctx, &mut nm, st, false).await?;
+            let why = Why::new(Cause::DuplicateMaintenance, false);
+            write_status(ctx, &mut nm, st, why).await?;
             return Ok(None);
         }
         Admission::Wait(st) => {
-            write_status(ctx, &mut nm, st, false).await?;
+            let why = Why::new(Cause::WaitingForSlot, false);
+            write_status(ctx, &mut nm, st, why).await?;
             return Ok(Some(plan::REQUEUE_PENDING));
         }
         Admission::Proceed { first_sight } => first_sight,
@@ -345,7 +390,7 @@ async fn apply(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
     let Some(node) = read_node(ctx, &node_name).await? else {
         let st = plan::node_missing(&status, &node_name);
         tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, "node not found: maintenance failed");
-        write_status(ctx, &mut nm, st, false).await?;
+        write_status(ctx, &mut nm, st, Why::new(Cause::NodeNotFound, false)).await?;
         return Ok(None);
     };
     match maintain(&mut nm, &node, first_sight, ctx).await {
@@ -357,7 +402,8 @@ async fn apply(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
             // of the latest status written this round (never an older copy).
             let mut st = status_of(&nm);
             st.last_error = e.to_string();
-            if let Err(we) = write_status(ctx, &mut nm, st, false).await {
+            let why = Why::new(Cause::ReconcileError, node::is_in_maintenance(&node));
+            if let Err(we) = write_status(ctx, &mut nm, st, why).await {
                 tracing::warn!(nodemaintenance = %nm.name_any(), error = %we, "could not record lastError");
             }
             Err(e)
@@ -395,19 +441,23 @@ async fn maintain(
             pods.total,
             drain::references(&pods.must_leave),
         );
-        write_status(ctx, nm, st, false).await?;
+        let why = Why::new(Cause::Progress, node::is_in_maintenance(node));
+        write_status(ctx, nm, st, why).await?;
     }
 
     // The lease comes before anything touches the node.
-    let outcome = match ctx.leases.request(node).await {
-        Ok(()) => LeaseOutcome::Held,
-        Err(LeaseError::HeldByOther(holder)) => LeaseOutcome::HeldByOther(holder),
-        Err(e) => LeaseOutcome::Failed(e.to_string()),
+    let (outcome, cause) = match ctx.leases.request(node).await {
+        Ok(()) => (LeaseOutcome::Held, Cause::Progress),
+        Err(LeaseError::HeldByOther(holder)) => {
+            (LeaseOutcome::HeldByOther(holder), Cause::LeaseHeldByOther)
+        }
+        Err(e) => (LeaseOutcome::Failed(e.to_string()), Cause::LeaseError),
     };
     let st = match plan::after_lease(&status_of(nm), outcome) {
         LeaseStep::Proceed(st) => st,
         LeaseStep::Retry(st) => {
-            write_status(ctx, nm, st, true).await?;
+            let why = Why::new(cause, node::is_in_maintenance(node)).refreshed();
+            write_status(ctx, nm, st, why).await?;
             return Ok(Some(REQUEUE_BLOCKED));
         }
         LeaseStep::GiveUp(st) => {
@@ -415,7 +465,7 @@ async fn maintain(
                 "lease lost for good: giving the node back");
             restore_node(ctx, node).await?;
             ctx.leases.release(&node_name).await?;
-            write_status(ctx, nm, st, false).await?;
+            write_status(ctx, nm, st, Why::new(Cause::LeaseLost, false)).await?;
             return Ok(None);
         }
     };
@@ -426,10 +476,17 @@ async fn maintain(
     }
 
     let round = drain_round(ctx, &node_name).await?;
+    let cause = if round.blocker.is_some() {
+        Cause::EvictionBlocked
+    } else {
+        Cause::Progress
+    };
     let next = plan::after_round(&st, round);
     let done = next.status.phase == Some(shared::MaintenancePhase::Succeeded)
         && st.phase != Some(shared::MaintenancePhase::Succeeded);
-    write_status(ctx, nm, next.status, next.refresh).await?;
+    let mut why = Why::new(cause, true);
+    why.refresh = next.refresh;
+    write_status(ctx, nm, next.status, why).await?;
     if done {
         tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, "node drained: maintenance succeeded");
     }

@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -33,6 +33,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
     printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.evictionPods","priority":1,"description":"Pods to evict at start"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".spec.reason","priority":1,"description":"Why the node is maintained"}"#,
     printcolumn = r#"{"name":"Last Error","type":"string","jsonPath":".status.lastError","priority":1,"description":"Last error seen"}"#,
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.conditions[?(@.status==\"True\")].reason","description":"Reasons of the conditions that hold (Queued, Blocked, Drained, Cordoned, Failed)"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -46,7 +47,7 @@ pub struct NodeMaintenanceSpec {
 }
 
 /// Observed state, as the controller reports it.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeMaintenanceStatus {
     /// Running, Succeeded or Failed (upstream); Pending while waiting for a slot.
@@ -76,6 +77,10 @@ pub struct NodeMaintenanceStatus {
     /// Consecutive failures to take or renew the node lease.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub error_on_lease_count: i64,
+    /// Beyond upstream (an addition): standard conditions Queued, Cordoned,
+    /// Drained, Blocked and Failed, with reasons and messages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
 
 fn is_zero(v: &i64) -> bool {

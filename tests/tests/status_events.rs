@@ -34,8 +34,44 @@ async fn blocked_drain_refreshes_last_update() {
     let st = later.status.expect("status");
     assert_eq!(st.phase, Some(MaintenancePhase::Running));
     assert_eq!(st.pending_pods, vec!["guarded".to_string()]);
+    // Conditions say why: Blocked (the pod named), Cordoned; not Drained.
+    let cond = |st: &shared::NodeMaintenanceStatus, ty: &str| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == ty)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+            .unwrap_or_else(|| panic!("no {ty} condition in {:?}", st.conditions))
+    };
+    let blocked = cond(&st, "Blocked");
+    assert_eq!(
+        (blocked.0.as_str(), blocked.1.as_str()),
+        ("True", "EvictionBlocked")
+    );
+    assert!(blocked.2.contains("guarded"), "{blocked:?}");
+    assert_eq!(cond(&st, "Cordoned").0, "True");
+    assert_eq!(cond(&st, "Drained").1, "Draining");
+    // Several retries, one DrainBlocked warning (the blockers did not change).
+    let client = env.client();
+    let drain_blocked = events_of(&client, &name)
+        .await
+        .into_iter()
+        .filter(|e| e.1 == "DrainBlocked")
+        .collect::<Vec<_>>();
+    assert_eq!(drain_blocked.len(), 1, "{drain_blocked:?}");
+    assert_eq!(drain_blocked[0].0, "Warning");
+    assert!(drain_blocked[0].2.contains("guarded"), "{drain_blocked:?}");
+    // What kubectl shows at a glance.
+    let get = kubectl(&["get", "nm", &name, "--no-headers"]);
+    assert!(get.contains("EvictionBlocked"), "kubectl get nm: {get}");
+
     env.lift_pdb().await;
-    env.wait_phase(&name, MaintenancePhase::Succeeded).await;
+    let done = env.wait_phase(&name, MaintenancePhase::Succeeded).await;
+    let st = done.status.expect("status");
+    assert_eq!(cond(&st, "Drained").0, "True");
+    assert_eq!(cond(&st, "Blocked").0, "False");
+    let get = kubectl(&["get", "nm", &name]);
+    println!("{get}");
+    assert!(get.contains("DrainComplete"), "kubectl get nm: {get}");
     env.teardown().await;
 }
 
@@ -280,4 +316,20 @@ async fn delete_admission_object(client: &Client, kind: &str, name: &str) {
     let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
     let _ = api.delete(name, &DeleteParams::default()).await;
+}
+
+/// `kubectl ARGS` against the local plane; its stdout.
+fn kubectl(args: &[&str]) -> String {
+    let out = std::process::Command::new(nmo_tests::cluster_dir().join("bin/kubectl"))
+        .arg("--kubeconfig")
+        .arg(nmo_tests::kubeconfig_path())
+        .args(args)
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

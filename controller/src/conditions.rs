@@ -1,0 +1,388 @@
+//! `status.conditions` (beyond upstream, additions only): standard
+//! `metav1.Condition`s saying where a maintenance stands and why, for
+//! `kubectl get nm` (the State column), `kubectl wait --for=condition=Drained`
+//! and dashboards. Pure: from the status about to be written, why it was
+//! written and whether the node is in maintenance.
+//!
+//! - `Queued`: waiting for a maintenance slot (`--max-concurrent-maintenances`).
+//! - `Cordoned`: the node is cordoned, tainted and excluded from remediation.
+//! - `Drained`: every pod that had to leave has left.
+//! - `Blocked`: the drain cannot go on now; the message names every pod in
+//!   the way and why (PDB, eviction webhook denial), or the lease holder.
+//! - `Failed`: the maintenance failed for good (node missing, lease lost,
+//!   another maintenance owns the node).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use shared::{MaintenancePhase, NodeMaintenanceStatus as Status};
+
+pub const QUEUED: &str = "Queued";
+pub const CORDONED: &str = "Cordoned";
+pub const DRAINED: &str = "Drained";
+pub const BLOCKED: &str = "Blocked";
+pub const FAILED: &str = "Failed";
+
+/// Why a status is written: the cause behind its conditions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Progress as usual (nothing in the way).
+    Progress,
+    /// Waiting for a slot.
+    WaitingForSlot,
+    /// Evictions refused (PDB, eviction webhook); `lastError` says which.
+    EvictionBlocked,
+    /// Another operator holds the node's lease.
+    LeaseHeldByOther,
+    /// Taking or renewing the lease failed; retried.
+    LeaseError,
+    /// A request failed; retried.
+    ReconcileError,
+    /// Failed for good: the node does not exist.
+    NodeNotFound,
+    /// Failed for good: the lease could not be kept.
+    LeaseLost,
+    /// Failed for good: another NodeMaintenance owns the node.
+    DuplicateMaintenance,
+}
+
+impl Cause {
+    fn as_str(self) -> &'static str {
+        match self {
+            Cause::Progress => "Progress",
+            Cause::WaitingForSlot => "WaitingForSlot",
+            Cause::EvictionBlocked => "EvictionBlocked",
+            Cause::LeaseHeldByOther => "LeaseHeldByOther",
+            Cause::LeaseError => "LeaseError",
+            Cause::ReconcileError => "ReconcileError",
+            Cause::NodeNotFound => "NodeNotFound",
+            Cause::LeaseLost => "LeaseLost",
+            Cause::DuplicateMaintenance => "DuplicateMaintenance",
+        }
+    }
+
+    fn blocks(self) -> bool {
+        matches!(
+            self,
+            Cause::EvictionBlocked
+                | Cause::LeaseHeldByOther
+                | Cause::LeaseError
+                | Cause::ReconcileError
+        )
+    }
+}
+
+/// The conditions for `status`, written because of `cause`, with the node
+/// in maintenance or not. A condition keeps its lastTransitionTime while its
+/// status stays (taken from `old`); `now` stamps the ones that change.
+/// Ordered so the most telling comes first (`kubectl get` shows True reasons
+/// in this order).
+pub fn conditions(
+    old: &[Condition],
+    status: &Status,
+    cause: Cause,
+    cordoned: bool,
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Condition> {
+    let phase = status.phase.as_ref();
+    let failed = phase == Some(&MaintenancePhase::Failed);
+    let queued = phase == Some(&MaintenancePhase::Pending);
+    let drained = phase == Some(&MaintenancePhase::Succeeded);
+    let blocked = !failed && !queued && cause.blocks();
+    let pods_left = status.pending_pods.len();
+    let mut out = Vec::with_capacity(5);
+    let mut push = |type_: &str, on: bool, reason: &str, message: String| {
+        out.push(condition(old, type_, on, reason, message, generation, now));
+    };
+    if failed {
+        push(FAILED, true, cause.as_str(), status.last_error.clone());
+    } else {
+        push(FAILED, false, "NotFailed", String::new());
+    }
+    if blocked {
+        push(BLOCKED, true, cause.as_str(), status.last_error.clone());
+    } else {
+        push(BLOCKED, false, "NotBlocked", String::new());
+    }
+    if queued {
+        push(QUEUED, true, "WaitingForSlot", status.last_error.clone());
+    } else {
+        push(QUEUED, false, "NotQueued", String::new());
+    }
+    if drained {
+        push(
+            DRAINED,
+            true,
+            "DrainComplete",
+            format!(
+                "all {} pods that had to leave have left",
+                status.eviction_pods
+            ),
+        );
+    } else if cordoned {
+        push(
+            DRAINED,
+            false,
+            "Draining",
+            format!(
+                "{pods_left} of {} pods still to leave",
+                status.eviction_pods
+            ),
+        );
+    } else {
+        push(DRAINED, false, "NotStarted", String::new());
+    }
+    if cordoned {
+        push(
+            CORDONED,
+            true,
+            "NodeCordoned",
+            "cordoned, tainted and excluded from remediation".into(),
+        );
+    } else {
+        push(CORDONED, false, "NodeSchedulable", String::new());
+    }
+    out
+}
+
+fn condition(
+    old: &[Condition],
+    type_: &str,
+    on: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let status = if on { "True" } else { "False" };
+    let since = old
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: since,
+        observed_generation: generation,
+    }
+}
+
+/// The message of a True `Blocked` condition, if any.
+pub fn blocked_message(conditions: &[Condition]) -> Option<&str> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == BLOCKED && c.status == "True")
+        .map(|c| c.message.as_str())
+}
+
+/// Whether a `DrainBlocked` warning is due: the drain is blocked now and the
+/// blockers differ from the last write's (not on every retry).
+pub fn drain_blocked_news<'a>(old: &[Condition], new: &'a [Condition]) -> Option<&'a str> {
+    let now = new
+        .iter()
+        .find(|c| c.type_ == BLOCKED && c.status == "True" && c.reason == "EvictionBlocked")?;
+    (blocked_message(old) != Some(now.message.as_str())).then_some(now.message.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(1_700_000_000 + secs).expect("time"))
+    }
+
+    fn status(phase: MaintenancePhase, pending: usize, err: &str) -> Status {
+        Status {
+            phase: Some(phase),
+            eviction_pods: 4,
+            pending_pods: (0..pending).map(|i| format!("p{i}")).collect(),
+            last_error: err.into(),
+            ..Default::default()
+        }
+    }
+
+    /// (type, status, reason) of each condition, in order.
+    fn summary(c: &[Condition]) -> Vec<(String, String, String)> {
+        c.iter()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect()
+    }
+
+    fn true_reasons(c: &[Condition]) -> Vec<&str> {
+        c.iter()
+            .filter(|c| c.status == "True")
+            .map(|c| c.reason.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn lifecycle_table() {
+        use MaintenancePhase::*;
+        let cases: Vec<(&str, Status, Cause, bool, Vec<&str>)> = vec![
+            (
+                "waiting for a slot: Queued",
+                status(Pending, 0, "waiting for a maintenance slot"),
+                Cause::WaitingForSlot,
+                false,
+                vec!["WaitingForSlot"],
+            ),
+            (
+                "first sight, before the node is touched",
+                status(Running, 4, ""),
+                Cause::Progress,
+                false,
+                vec![],
+            ),
+            (
+                "foreign lease before the node is touched: Blocked",
+                status(Running, 4, "held by different owner: snr"),
+                Cause::LeaseHeldByOther,
+                false,
+                vec!["LeaseHeldByOther"],
+            ),
+            (
+                "draining, pods leaving",
+                status(Running, 2, ""),
+                Cause::Progress,
+                true,
+                vec!["NodeCordoned"],
+            ),
+            (
+                "a PDB blocks: Blocked names it",
+                status(Running, 1, "pod shop/a: eviction blocked"),
+                Cause::EvictionBlocked,
+                true,
+                vec!["EvictionBlocked", "NodeCordoned"],
+            ),
+            (
+                "drained",
+                status(Succeeded, 0, ""),
+                Cause::Progress,
+                true,
+                vec!["DrainComplete", "NodeCordoned"],
+            ),
+            (
+                "lease lost for good: Failed, node given back",
+                status(
+                    Failed,
+                    1,
+                    "maintenance failed: lease could not be extended after 4 attempts",
+                ),
+                Cause::LeaseLost,
+                false,
+                vec!["LeaseLost"],
+            ),
+            (
+                "missing node: Failed",
+                status(Failed, 0, "nodes \"n1\" not found"),
+                Cause::NodeNotFound,
+                false,
+                vec!["NodeNotFound"],
+            ),
+        ];
+        for (name, st, cause, cordoned, want) in cases {
+            let c = conditions(&[], &st, cause, cordoned, Some(1), &at(0));
+            assert_eq!(true_reasons(&c), want, "{name}: {:?}", summary(&c));
+            assert_eq!(c.len(), 5, "{name}: every type present");
+        }
+    }
+
+    #[test]
+    fn blocked_message_is_last_error_and_drained_counts_pods() {
+        let st = status(
+            MaintenancePhase::Running,
+            1,
+            "pod shop/a: blocked by PDB guard",
+        );
+        let c = conditions(&[], &st, Cause::EvictionBlocked, true, None, &at(0));
+        assert_eq!(
+            blocked_message(&c),
+            Some("pod shop/a: blocked by PDB guard")
+        );
+        let drained = c.iter().find(|c| c.type_ == DRAINED).expect("Drained");
+        assert_eq!(drained.message, "1 of 4 pods still to leave");
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_the_status_does() {
+        let running = status(MaintenancePhase::Running, 2, "");
+        let first = conditions(&[], &running, Cause::Progress, true, None, &at(0));
+        let again = conditions(&first, &running, Cause::Progress, true, None, &at(10));
+        assert_eq!(first, again, "same state, same conditions");
+        let blocked = status(MaintenancePhase::Running, 1, "pod shop/a: blocked");
+        let later = conditions(
+            &again,
+            &blocked,
+            Cause::EvictionBlocked,
+            true,
+            None,
+            &at(20),
+        );
+        let t = |c: &[Condition], ty: &str| {
+            c.iter()
+                .find(|c| c.type_ == ty)
+                .map(|c| c.last_transition_time.clone())
+                .expect("present")
+        };
+        assert_eq!(t(&later, BLOCKED), at(20), "Blocked turned True");
+        assert_eq!(t(&later, CORDONED), at(0), "Cordoned unchanged");
+    }
+
+    #[test]
+    fn drain_blocked_is_news_only_when_the_blockers_change() {
+        let st = |e: &str| status(MaintenancePhase::Running, 1, e);
+        let c1 = conditions(
+            &[],
+            &st("pod shop/a: PDB guard"),
+            Cause::EvictionBlocked,
+            true,
+            None,
+            &at(0),
+        );
+        assert_eq!(drain_blocked_news(&[], &c1), Some("pod shop/a: PDB guard"));
+        let c2 = conditions(
+            &c1,
+            &st("pod shop/a: PDB guard"),
+            Cause::EvictionBlocked,
+            true,
+            None,
+            &at(5),
+        );
+        assert_eq!(
+            drain_blocked_news(&c1, &c2),
+            None,
+            "a retry with the same blockers"
+        );
+        let c3 = conditions(
+            &c2,
+            &st("pod shop/b: webhook says no"),
+            Cause::EvictionBlocked,
+            true,
+            None,
+            &at(10),
+        );
+        assert_eq!(
+            drain_blocked_news(&c2, &c3),
+            Some("pod shop/b: webhook says no")
+        );
+        let c4 = conditions(&c3, &st(""), Cause::Progress, true, None, &at(15));
+        assert_eq!(drain_blocked_news(&c3, &c4), None, "no longer blocked");
+        let lease = conditions(
+            &[],
+            &st("held by snr"),
+            Cause::LeaseHeldByOther,
+            false,
+            None,
+            &at(0),
+        );
+        assert_eq!(
+            drain_blocked_news(&[], &lease),
+            None,
+            "a lease wait is no drain blocker"
+        );
+    }
+}
