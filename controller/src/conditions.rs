@@ -42,6 +42,8 @@ pub enum Cause {
     LeaseLost,
     /// Failed for good: another NodeMaintenance owns the node.
     DuplicateMaintenance,
+    /// Failed for good: spec.drainTimeout passed (drainTimeoutAction Fail).
+    DrainTimeout,
 }
 
 impl Cause {
@@ -56,6 +58,7 @@ impl Cause {
             Cause::NodeNotFound => "NodeNotFound",
             Cause::LeaseLost => "LeaseLost",
             Cause::DuplicateMaintenance => "DuplicateMaintenance",
+            Cause::DrainTimeout => "DrainTimeout",
         }
     }
 
@@ -167,6 +170,14 @@ fn condition(
         last_transition_time: since,
         observed_generation: generation,
     }
+}
+
+/// Since when condition `type_` holds (its lastTransitionTime while True).
+pub fn true_since(conditions: &[Condition], type_: &str) -> Option<Time> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")
+        .map(|c| c.last_transition_time.clone())
 }
 
 /// The message of a True `Blocked` condition, if any.

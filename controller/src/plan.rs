@@ -7,12 +7,13 @@
 
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use shared::consts::{
     DRAIN_REQUEUE_SECS, EVENT_FAILED_MAINTENANCE, EVENT_SUCCEED_MAINTENANCE, EventSpec,
     MAX_ALLOWED_ERROR_TO_UPDATE_OWNED_LEASE, msg_lease_failed, msg_lease_held_by_other,
     msg_node_missing,
 };
-use shared::{MaintenancePhase, NodeMaintenanceStatus as Status, PodReference};
+use shared::{DrainTimeoutAction, MaintenancePhase, NodeMaintenanceStatus as Status, PodReference};
 
 use crate::slots::{self, SlotDecision};
 
@@ -233,6 +234,61 @@ pub fn after_round(status: &Status, round: Round) -> Next {
         },
         refresh: blocked,
     }
+}
+
+/// Where a maintenance stands against its optional `spec.drainTimeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deadline {
+    /// No deadline asked for, or the drain has not started (node not cordoned).
+    Unbounded,
+    /// Time left before it passes.
+    Ahead(Duration),
+    /// It passed: do what the object asks.
+    Passed(DrainTimeoutAction),
+}
+
+/// The deadline counts from the node's cordon (`since`), so time spent
+/// waiting for a slot or a foreign lease does not count.
+pub fn deadline(
+    timeout: Option<Duration>,
+    action: DrainTimeoutAction,
+    since: Option<Timestamp>,
+    now: Timestamp,
+) -> Deadline {
+    let (Some(timeout), Some(since)) = (timeout, since) else {
+        return Deadline::Unbounded;
+    };
+    let elapsed = now.duration_since(since);
+    let elapsed = Duration::try_from(elapsed).unwrap_or(Duration::ZERO);
+    match timeout.checked_sub(elapsed) {
+        Some(left) if !left.is_zero() => Deadline::Ahead(left),
+        _ => Deadline::Passed(action),
+    }
+}
+
+/// The status of a maintenance whose drain deadline passed with
+/// `drainTimeoutAction: Fail`: Failed, naming what was still on the node.
+pub fn timed_out(status: &Status, timeout: Duration, node: &str) -> Status {
+    const SHOWN: usize = 5;
+    let pods = &status.pending_pods_refs;
+    let mut names: Vec<String> = pods
+        .iter()
+        .take(SHOWN)
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    if pods.len() > SHOWN {
+        names.push(format!("and {} more", pods.len() - SHOWN));
+    }
+    failed(
+        status,
+        format!(
+            "drain did not finish within {} (spec.drainTimeout): {} pods still on node {node}: {}; \
+             the node was given back (set drainTimeoutAction: Force to delete them instead)",
+            shared::duration::format(timeout),
+            pods.len(),
+            names.join(", ")
+        ),
+    )
 }
 
 /// Whether `new` must be written over `old`: it differs in anything but
@@ -565,6 +621,82 @@ mod tests {
         for (name, status, round, want) in cases {
             assert_eq!(after_round(&status, round), want, "{name}");
         }
+    }
+
+    #[test]
+    fn deadline_table() {
+        use DrainTimeoutAction::*;
+        let t0 = Timestamp::from_second(1_700_000_000).expect("time");
+        let at = |s: i64| {
+            t0.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(s))
+                .expect("time")
+        };
+        let min30 = Some(Duration::from_secs(1800));
+        for (name, timeout, action, since, now, want) in [
+            (
+                "no deadline: wait forever, as upstream",
+                None,
+                Fail,
+                Some(t0),
+                at(99_999),
+                Deadline::Unbounded,
+            ),
+            (
+                "not cordoned yet: the clock has not started",
+                min30,
+                Fail,
+                None,
+                at(99_999),
+                Deadline::Unbounded,
+            ),
+            (
+                "time left",
+                min30,
+                Fail,
+                Some(t0),
+                at(600),
+                Deadline::Ahead(Duration::from_secs(1200)),
+            ),
+            (
+                "exactly at the deadline: passed",
+                min30,
+                Fail,
+                Some(t0),
+                at(1800),
+                Deadline::Passed(Fail),
+            ),
+            (
+                "passed, Force asked",
+                min30,
+                Force,
+                Some(t0),
+                at(4000),
+                Deadline::Passed(Force),
+            ),
+            (
+                "clock behind the cordon: full time left",
+                min30,
+                Fail,
+                Some(at(10)),
+                t0,
+                Deadline::Ahead(Duration::from_secs(1800)),
+            ),
+        ] {
+            assert_eq!(deadline(timeout, action, since, now), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn timing_out_fails_and_names_what_was_left() {
+        let st = running(3, &["a", "b"], 33);
+        let failed = timed_out(&st, Duration::from_secs(1800), "n1");
+        assert_eq!(failed.phase, Some(MaintenancePhase::Failed));
+        assert_eq!(
+            failed.last_error,
+            "drain did not finish within 30m (spec.drainTimeout): 2 pods still on node n1: ns/a, ns/b; \
+             the node was given back (set drainTimeoutAction: Force to delete them instead)"
+        );
+        assert_eq!(failed.eviction_pods, 3, "counts kept");
     }
 
     #[test]

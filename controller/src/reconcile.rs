@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use shared::consts::{
     EVENT_BEGIN_MAINTENANCE, EVENT_REMOVED_MAINTENANCE, EVENT_UNCORDON_NODE, FINALIZER,
 };
-use shared::{NodeMaintenance, NodeMaintenanceStatus};
+use shared::{DrainTimeoutAction, NodeMaintenance, NodeMaintenanceStatus};
 
 use crate::conditions::{self, Cause};
 use crate::conflicts::ConflictStreaks;
@@ -263,6 +263,8 @@ impl Why {
 
 /// DrainBlocked (Warning): the pods in the way changed (not on every retry).
 const EVENT_DRAIN_BLOCKED: &str = "DrainBlocked";
+/// PodForceDeleted (Warning): a pod deleted without eviction (drainTimeoutAction: Force).
+const EVENT_POD_FORCE_DELETED: &str = "PodForceDeleted";
 
 /// Write the finalizer list, checked against the version we read.
 async fn set_finalizers(
@@ -326,6 +328,7 @@ async fn write_status(
             "totalpods",
             "evictionPods",
             "errorOnLeaseCount",
+            "forceDeletedPods",
             "conditions",
         ] {
             map.entry(field).or_insert(Value::Null);
@@ -475,7 +478,27 @@ async fn maintain(
         tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, "node cordoned, tainted and excluded from remediation");
     }
 
-    let round = drain_round(ctx, &node_name).await?;
+    // The optional drain deadline (beyond upstream), counted from the cordon.
+    let timeout = drain_timeout(nm);
+    let action = nm.spec.drain_timeout_action.unwrap_or_default();
+    let since = conditions::true_since(&st.conditions, conditions::CORDONED).map(|t| t.0);
+    let deadline = plan::deadline(timeout, action, since, Timestamp::now());
+    if let (plan::Deadline::Passed(DrainTimeoutAction::Fail), Some(t)) = (deadline, timeout) {
+        let st = plan::timed_out(&st, t, &node_name);
+        tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error,
+            "drain deadline passed: giving the node back");
+        restore_node(ctx, node).await?;
+        ctx.leases.release(&node_name).await?;
+        write_status(ctx, nm, st, Why::new(Cause::DrainTimeout, false)).await?;
+        return Ok(None);
+    }
+
+    let (round, mut left) = drain_round(ctx, &node_name).await?;
+    let mut st = st;
+    if deadline == plan::Deadline::Passed(DrainTimeoutAction::Force) {
+        left.retain(|p| p.metadata.deletion_timestamp.is_none());
+        force_delete(ctx, nm, &node_name, &left, &mut st).await;
+    }
     let cause = if round.blocker.is_some() {
         Cause::EvictionBlocked
     } else {
@@ -490,12 +513,80 @@ async fn maintain(
     if done {
         tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, "node drained: maintenance succeeded");
     }
-    Ok(Some(next.requeue))
+    let requeue = match deadline {
+        plan::Deadline::Ahead(left) => next.requeue.min(left),
+        _ => next.requeue,
+    };
+    Ok(Some(requeue))
+}
+
+/// `spec.drainTimeout`, if set and valid (the CRD's pattern admits only Go
+/// durations; anything else is logged and ignored, i.e. no deadline).
+fn drain_timeout(nm: &NodeMaintenance) -> Option<Duration> {
+    let text = nm.spec.drain_timeout.as_deref()?;
+    match shared::duration::parse(text) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::warn!(nodemaintenance = %nm.name_any(), error = %e, "spec.drainTimeout ignored");
+            None
+        }
+    }
+}
+
+/// The deadline passed and the object asked for Force: delete the pods
+/// still on the node without eviction (PodDisruptionBudgets bypassed, each
+/// pod's own grace period kept), each named in a Warning event and in
+/// `status.forceDeletedPods`. The uid precondition never deletes a pod
+/// recreated under the same name elsewhere.
+async fn force_delete(
+    ctx: &Ctx,
+    nm: &NodeMaintenance,
+    node: &str,
+    pods: &[k8s_openapi::api::core::v1::Pod],
+    st: &mut NodeMaintenanceStatus,
+) {
+    for pod in pods {
+        let ns = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        let params = DeleteParams {
+            preconditions: pod.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        match api.delete(&name, &params).await {
+            Ok(_) => {
+                let msg = format!(
+                    "deleted pod {ns}/{name} from node {node} without eviction: spec.drainTimeout {} passed (drainTimeoutAction: Force)",
+                    nm.spec.drain_timeout.as_deref().unwrap_or_default()
+                );
+                tracing::warn!(nodemaintenance = %nm.name_any(), pod = %format!("{ns}/{name}"), "{msg}");
+                ctx.events.warn(nm, EVENT_POD_FORCE_DELETED, &msg).await;
+                let r = shared::PodReference {
+                    namespace: ns.clone(),
+                    name: name.clone(),
+                };
+                if !st.force_deleted_pods.contains(&r) {
+                    st.force_deleted_pods.push(r);
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => {
+                tracing::warn!(nodemaintenance = %nm.name_any(), pod = %format!("{ns}/{name}"), error = %e,
+                "force deletion failed; retrying next round. Check the controller may delete pods")
+            }
+        }
+    }
 }
 
 /// Evict what must leave the node (concurrently, bounded) and report what is
 /// still there and why.
-async fn drain_round(ctx: &Ctx, node_name: &str) -> Result<plan::Round, Error> {
+async fn drain_round(
+    ctx: &Ctx,
+    node_name: &str,
+) -> Result<(plan::Round, Vec<k8s_openapi::api::core::v1::Pod>), Error> {
     let pods = drain::list_node_pods(&ctx.client, node_name).await?;
     let outcomes = drain::evict_all(
         &ctx.evict_client,
@@ -512,14 +603,21 @@ async fn drain_round(ctx: &Ctx, node_name: &str) -> Result<plan::Round, Error> {
             PodOutcome::Terminating(_) => {}
         }
     }
-    let remaining = drain::references(&pods.must_leave)
+    let left: Vec<_> = pods
+        .must_leave
         .into_iter()
-        .filter(|r| outcomes.get(r).is_none_or(|o| *o != PodOutcome::Gone))
+        .filter(|p| {
+            let r = drain::references(std::slice::from_ref(p));
+            r.first()
+                .and_then(|r| outcomes.get(r))
+                .is_none_or(|o| *o != PodOutcome::Gone)
+        })
         .collect();
-    Ok(plan::Round {
-        remaining,
+    let round = plan::Round {
+        remaining: drain::references(&left),
         blocker: drain::blocker_summary(node_name, &outcomes),
-    })
+    };
+    Ok((round, left))
 }
 
 async fn ensure_owner_reference(

@@ -44,6 +44,27 @@ pub struct NodeMaintenanceSpec {
     /// Why the node is being maintained (free text, shown to operators).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Beyond upstream (optional): how long the drain may take, as a Go
+    /// duration ("30m", "1h30m"), counted from the node's cordon. Absent:
+    /// wait forever, as upstream. What happens then: `drainTimeoutAction`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(crate::duration::GO_DURATION_PATTERN))]
+    pub drain_timeout: Option<String>,
+    /// Beyond upstream: `Fail` (default: phase Failed, the node given back)
+    /// or `Force` (the pods still on the node are deleted without eviction,
+    /// each named in an event and in `status.forceDeletedPods`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_timeout_action: Option<DrainTimeoutAction>,
+}
+
+/// What a passed `drainTimeout` does.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum DrainTimeoutAction {
+    /// Give up: phase Failed, the node given back, FailedMaintenance.
+    #[default]
+    Fail,
+    /// Delete the pods still on the node without eviction (PDBs bypassed).
+    Force,
 }
 
 /// Observed state, as the controller reports it.
@@ -77,6 +98,10 @@ pub struct NodeMaintenanceStatus {
     /// Consecutive failures to take or renew the node lease.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub error_on_lease_count: i64,
+    /// Beyond upstream: pods deleted without eviction because
+    /// `spec.drainTimeout` passed with `drainTimeoutAction: Force`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub force_deleted_pods: Vec<PodReference>,
     /// Beyond upstream (an addition): standard conditions Queued, Cordoned,
     /// Drained, Blocked and Failed, with reasons and messages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -254,7 +279,7 @@ mod tests {
             "nm",
             NodeMaintenanceSpec {
                 node_name: "n".into(),
-                reason: String::new(),
+                ..Default::default()
             },
         );
         let v = serde_json::to_value(&nm).expect("serializes");

@@ -7,6 +7,7 @@
 
 pub mod consts;
 pub mod crd;
+pub mod duration;
 pub mod goflags;
 pub mod https;
 pub mod lease;
@@ -25,5 +26,6 @@ pub mod watch;
 pub mod zap;
 
 pub use crd::{
-    MaintenancePhase, NodeMaintenance, NodeMaintenanceSpec, NodeMaintenanceStatus, PodReference,
+    DrainTimeoutAction, MaintenancePhase, NodeMaintenance, NodeMaintenanceSpec, NodeMaintenanceStatus,
+    PodReference,
 };

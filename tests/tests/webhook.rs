@@ -108,6 +108,7 @@ fn nm(name: &str, node: &str) -> NodeMaintenance {
         NodeMaintenanceSpec {
             node_name: node.to_string(),
             reason: "webhook test".to_string(),
+            ..Default::default()
         },
     )
 }

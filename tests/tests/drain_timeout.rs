@@ -1,0 +1,141 @@
+//! The opt-in drain deadline (beyond upstream): `spec.drainTimeout` with
+//! `drainTimeoutAction` Fail (the node given back) or Force (the pods in the
+//! way deleted without eviction, each named), through the real API server.
+//! Without it a blocked drain waits forever, as upstream (controller.rs).
+
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, PostParams};
+use nmo_tests::controller_env::{ControllerEnv as Env, events_of, is_cordoned, node_taint_keys};
+use nmo_tests::fixtures::GROUP_KEY;
+use nmo_tests::wait::{Poll, until};
+use serde_json::json;
+use shared::{MaintenancePhase, NodeMaintenance};
+
+/// NodeMaintenance "a" on a node whose pod "guarded" a PDB holds (as
+/// `Env::blocked_maintenance`), asking for `timeout` then `action`.
+async fn blocked_with_deadline(env: &Env, timeout: &str, action: &str) -> String {
+    let bed = &env.bed;
+    let target = bed.node("target", false).await.expect("node").name_any();
+    bed.node("spare", false).await.expect("spare");
+    bed.bare_pod("guarded", &target).await.expect("guarded pod");
+    bed.pdb("guard", "guarded", 1).await.expect("pdb");
+    bed.wait_pdb_status("guard", 1, nmo_tests::controller_env::LONG)
+        .await
+        .expect("pdb status");
+    let nm: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+        "kind": "NodeMaintenance",
+        "metadata": {"name": env.n("a"), "labels": {GROUP_KEY: bed.group}},
+        "spec": {"nodeName": target, "reason": "deadline test",
+                 "drainTimeout": timeout, "drainTimeoutAction": action}
+    }))
+    .expect("nm json");
+    env.nms()
+        .create(&PostParams::default(), &nm)
+        .await
+        .expect("NodeMaintenance created");
+    target
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_fail_gives_the_node_back() {
+    let env = Env::new("nm-deadline-fail", 1).await;
+    let target = blocked_with_deadline(&env, "3s", "Fail").await;
+    let name = env.n("a");
+    let nm = env.wait_phase(&name, MaintenancePhase::Failed).await;
+    let st = nm.status.expect("status");
+    assert!(
+        st.last_error.starts_with(
+            "drain did not finish within 3s (spec.drainTimeout): 1 pods still on node"
+        ) && st.last_error.contains("guarded"),
+        "{}",
+        st.last_error
+    );
+    let failed = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Failed")
+        .expect("Failed condition");
+    assert_eq!(
+        (failed.status.as_str(), failed.reason.as_str()),
+        ("True", "DrainTimeout")
+    );
+    // Given back: no cordon, no taint of ours, no lease; the pod never deleted.
+    until(
+        "node given back and lease released",
+        nmo_tests::controller_env::LONG,
+        || async {
+            let node = env.nodes().get(&target).await?;
+            let lease = env.lease(&target).await;
+            let taints = node_taint_keys(&node);
+            Ok(
+                if !is_cordoned(&node)
+                    && !taints.iter().any(|t| t.starts_with("medik8s.io/drain"))
+                    && lease.is_none()
+                {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending(format!("taints {taints:?}, lease {}", lease.is_some()))
+                },
+            )
+        },
+    )
+    .await
+    .expect("node restored");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(env.client(), &env.bed.namespace);
+    assert!(
+        pods.get_opt("guarded").await.expect("read pod").is_some(),
+        "Fail never deletes"
+    );
+    env.wait_event(&name, "FailedMaintenance").await;
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadline_force_deletes_what_blocks_and_names_it() {
+    let env = Env::new("nm-deadline-force", 1).await;
+    blocked_with_deadline(&env, "3s", "Force").await;
+    let name = env.n("a");
+    let nm = env.wait_phase(&name, MaintenancePhase::Succeeded).await;
+    let st = nm.status.expect("status");
+    let forced: Vec<String> = st
+        .force_deleted_pods
+        .iter()
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    assert_eq!(forced, vec![format!("{}/guarded", env.bed.namespace)]);
+    let events = events_of(&env.client(), &name).await;
+    let warned: Vec<_> = events.iter().filter(|e| e.1 == "PodForceDeleted").collect();
+    assert_eq!(warned.len(), 1, "{events:?}");
+    assert_eq!(warned[0].0, "Warning");
+    assert!(
+        warned[0].2.contains("guarded") && warned[0].2.contains("without eviction"),
+        "{warned:?}"
+    );
+    env.nms()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.wait_gone(&name).await;
+    env.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_that_is_not_a_go_duration_is_refused() {
+    let env = Env::new("nm-deadline-bad", 1).await;
+    let nm: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+        "kind": "NodeMaintenance",
+        "metadata": {"name": env.n("a"), "labels": {GROUP_KEY: env.bed.group}},
+        "spec": {"nodeName": "whatever", "drainTimeout": "5 days"}
+    }))
+    .expect("nm json");
+    let err = env
+        .nms()
+        .create(&PostParams::default(), &nm)
+        .await
+        .expect_err("the CRD refuses it");
+    assert!(err.to_string().contains("drainTimeout"), "{err}");
+    env.teardown().await;
+}
