@@ -1,7 +1,10 @@
 //! Command line of the controller, in Go's flag syntax (upstream's Deployment
 //! arguments work as they are). Every flag can also come from the environment.
 
+use std::time::Duration;
+
 use clap::{ArgAction, Parser};
+use k8s_openapi::jiff::SignedDuration;
 use shared::consts::LEADER_ELECTION_LEASE_NAME;
 use shared::goflags::go_bool;
 use shared::telemetry::RuntimeFlags;
@@ -51,6 +54,24 @@ pub struct Config {
     /// Namespace of the per-node medik8s leases (upstream reads LEASE_NAMESPACE).
     #[arg(long, env = "LEASE_NAMESPACE", default_value = shared::consts::LEASE_NAMESPACE_DEFAULT)]
     pub lease_namespace: String,
+
+    /// A KubeVirt VM being live-migrated off the node (KubeVirt answered the
+    /// eviction of its virt-launcher pod with "evacuation") is drain progress,
+    /// not a blocker, until the migration has run this long; then lastError
+    /// names the pod. Go duration syntax: 10m, 1h30m.
+    #[arg(long, env = "MIGRATION_WARNING_AFTER", default_value = "10m", value_parser = positive_duration)]
+    pub migration_warning_after: Duration,
+}
+
+/// A duration in Go's syntax ("5s", "500ms", "1m30s"), above zero.
+fn positive_duration(value: &str) -> Result<Duration, String> {
+    let d: SignedDuration = value
+        .parse()
+        .map_err(|e| format!("invalid duration {value:?} (e.g. 5s, 500ms, 1m): {e}"))?;
+    Duration::try_from(d)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("invalid duration {value:?}: must be above zero"))
 }
 
 #[cfg(test)]
@@ -118,6 +139,25 @@ mod tests {
             .expect_err("not a Go bool")
             .to_string();
         assert!(err.contains("--leader-elect"), "{err}");
+    }
+
+    #[test]
+    fn migration_warning_after() {
+        let d = |args: &[&str]| parse(args).map(|c| c.migration_warning_after);
+        assert_eq!(
+            d(&[]).expect("default"),
+            crate::drain::DEFAULT_MIGRATION_WARNING_AFTER
+        );
+        assert_eq!(
+            d(&["--migration-warning-after=1h30m"]).expect("1h30m"),
+            Duration::from_secs(90 * 60)
+        );
+        for bad in ["0s", "10", "later"] {
+            let err = d(&[&format!("--migration-warning-after={bad}")])
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("--migration-warning-after"), "{bad}: {err}");
+        }
     }
 
     #[test]

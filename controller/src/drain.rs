@@ -8,8 +8,17 @@
 //! Whether a DaemonSet's pod stays depends on its DaemonSet still existing
 //! (kubectl's orphan rule, see `classify`): each round looks up, by name, the
 //! DaemonSet of every unfinished DaemonSet pod on the node (metadata only).
+//!
+//! KubeVirt answers the eviction of a live-migratable VM's virt-launcher pod
+//! with 429 and starts a live migration; the pod leaves once the VM runs
+//! elsewhere. Such a pod is [`PodOutcome::Migrating`], progress rather than a
+//! blocker, until the migration has run longer than
+//! `--migration-warning-after` (see [`Migrations`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -44,6 +53,15 @@ pub enum PodOutcome {
     Terminating(i64),
     /// A PodDisruptionBudget said "not now" (429): the API server's message.
     Blocked(String),
+    /// KubeVirt said "not now, the VM is being live-migrated away" (429, see
+    /// [`is_kubevirt_evacuation`]): the pod leaves when the migration
+    /// completes. Not a blocker until it has run `--migration-warning-after`.
+    Migrating {
+        /// Since KubeVirt first answered so for this pod (see [`Migrations`]).
+        since_secs: u64,
+        /// The API server's message (KubeVirt's words).
+        message: String,
+    },
     /// Any other refusal or failure (eviction webhook, several PDBs, network).
     Failed(String),
 }
@@ -55,11 +73,184 @@ impl PodOutcome {
             PodOutcome::Gone => "gone".into(),
             PodOutcome::Terminating(s) => format!("terminating for {s}s"),
             PodOutcome::Blocked(m) => format!("eviction blocked by a PodDisruptionBudget: {m}"),
+            PodOutcome::Migrating {
+                since_secs,
+                message,
+            } => format!(
+                "VM live migration running for {} ({message})",
+                human(Duration::from_secs(*since_secs))
+            ),
             PodOutcome::Failed(m) => format!("eviction failed: {m}"),
         }
     }
-    fn is_problem(&self) -> bool {
-        matches!(self, PodOutcome::Blocked(_) | PodOutcome::Failed(_))
+
+    /// The blocker line of this outcome, if it is one: a refusal, or a live
+    /// migration running longer than `warn_after`.
+    fn problem(&self, warn_after: Duration) -> Option<String> {
+        match self {
+            PodOutcome::Blocked(_) | PodOutcome::Failed(_) => Some(self.describe()),
+            PodOutcome::Migrating {
+                since_secs,
+                message,
+            } if Duration::from_secs(*since_secs) >= warn_after => Some(format!(
+                "VM live migration running for {}, longer than --migration-warning-after ({}); \
+                 last answer: {message}",
+                human(Duration::from_secs(*since_secs)),
+                human(warn_after)
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The `result` label of `nmo_evictions_total` for one outcome: evicted,
+/// gone, blocked, migrating, failed; "terminating" when no eviction was
+/// requested (the pod was already terminating: not counted).
+pub fn outcome_label(outcome: &PodOutcome) -> &'static str {
+    match outcome {
+        PodOutcome::Evicted => "evicted",
+        PodOutcome::Gone => "gone",
+        PodOutcome::Terminating(_) => "terminating",
+        PodOutcome::Blocked(_) => "blocked",
+        PodOutcome::Migrating { .. } => "migrating",
+        PodOutcome::Failed(_) => "failed",
+    }
+}
+
+/// The pods whose VM KubeVirt is live-migrating away, in name order.
+pub fn migrating(outcomes: &BTreeMap<PodReference, PodOutcome>) -> Vec<PodReference> {
+    outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, PodOutcome::Migrating { .. }))
+        .map(|(r, _)| r.clone())
+        .collect()
+}
+
+/// Label KubeVirt puts on the pod that runs a VM.
+const VIRT_LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
+
+/// KubeVirt's eviction webhook (virt-api, pod-eviction-admitter) answers 429
+/// with `Eviction triggered evacuation of VMI "<ns>/<name>"` when it starts a
+/// live migration, and with `Evacuation in progress: ` before the same words
+/// while it runs. The API server wraps either as `admission webhook
+/// "virt-launcher-eviction-interceptor.kubevirt.io" denied the request: ...`.
+const KUBEVIRT_EVACUATION: &str = "Eviction triggered evacuation of VMI";
+const KUBEVIRT_EVACUATION_IN_PROGRESS: &str = "Evacuation in progress";
+/// Its 429 for a virt-launcher pod on another node than its VM: the target
+/// pod of a live migration under way.
+const KUBEVIRT_MIGRATION_TARGET: &str = "Eviction request for target Pod";
+/// KubeVirt's own PodDisruptionBudgets (generateName) guard a VM while it
+/// migrates; older KubeVirt lets the eviction through its webhook once the
+/// migration is started and leaves the "not now" to them.
+const KUBEVIRT_PDB: &str = "kubevirt-disruption-budget-";
+
+/// Whether the pod runs a KubeVirt VM (label `kubevirt.io=virt-launcher`).
+pub fn is_virt_launcher(pod: &Pod) -> bool {
+    pod.labels().get(VIRT_LAUNCHER_LABEL.0).map(String::as_str) == Some(VIRT_LAUNCHER_LABEL.1)
+}
+
+/// Whether a 429 with `message` (the API server's message and causes) to the
+/// eviction of a pod is KubeVirt live-migrating the pod's VM away: KubeVirt's
+/// own words, or, for a virt-launcher pod, its "in progress" and migration
+/// target answers or one of its PodDisruptionBudgets.
+pub fn is_kubevirt_evacuation(virt_launcher: bool, message: &str) -> bool {
+    message.contains(KUBEVIRT_EVACUATION)
+        || (virt_launcher
+            && [
+                KUBEVIRT_EVACUATION_IN_PROGRESS,
+                KUBEVIRT_MIGRATION_TARGET,
+                KUBEVIRT_PDB,
+            ]
+            .iter()
+            .any(|w| message.contains(w)))
+}
+
+/// `nmo-controller --migration-warning-after`'s default.
+pub const DEFAULT_MIGRATION_WARNING_AFTER: Duration = Duration::from_secs(10 * 60);
+
+static MIGRATION_WARNING_AFTER_MS: AtomicU64 =
+    AtomicU64::new(DEFAULT_MIGRATION_WARNING_AFTER.as_millis() as u64);
+
+/// Set `--migration-warning-after` for [`blocker_summary`] (once, at start).
+pub fn set_migration_warning_after(after: Duration) {
+    let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+    MIGRATION_WARNING_AFTER_MS.store(ms, Ordering::Relaxed);
+}
+
+/// The current `--migration-warning-after`.
+pub fn migration_warning_after() -> Duration {
+    Duration::from_millis(MIGRATION_WARNING_AFTER_MS.load(Ordering::Relaxed))
+}
+
+/// Since when KubeVirt has been migrating each pod's VM, as seen by this
+/// process: the time of its first evacuation answer for the pod, by pod uid.
+///
+/// Neither the pod nor the eviction answer says when the migration began
+/// (that is on KubeVirt's VirtualMachineInstanceMigration, which the
+/// controller is not allowed to read), so the drain remembers it across
+/// rounds. An entry goes when the pod's eviction is answered otherwise
+/// (accepted, gone, terminating, a real blocker) and, for a pod that went
+/// away (its uid is never seen again), after [`Migrations::STALE`] without a
+/// round asking. A restarted or new leader starts the clock again: a warning
+/// may come late, never early.
+#[derive(Debug, Default)]
+pub struct Migrations {
+    seen: Mutex<HashMap<String, Seen>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    first: Instant,
+    last: Instant,
+}
+
+impl Migrations {
+    /// Entries no round asked about for this long are dropped.
+    pub const STALE: Duration = Duration::from_secs(60 * 60);
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
+        // Plain data: a panic elsewhere leaves it usable.
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// KubeVirt answered "evacuation" for pod `uid` at `now`: how long since
+    /// its first such answer (zero the first time).
+    pub fn observe(&self, uid: &str, now: Instant) -> Duration {
+        let mut seen = self.entries();
+        seen.retain(|_, s| now.saturating_duration_since(s.last) < Self::STALE);
+        let entry = seen.entry(uid.to_string()).or_insert(Seen {
+            first: now,
+            last: now,
+        });
+        entry.last = now;
+        now.saturating_duration_since(entry.first)
+    }
+
+    /// The pod's eviction was answered otherwise: its migration is over.
+    pub fn forget(&self, uid: &str) {
+        self.entries().remove(uid);
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The migrations of this process (one controller per process).
+static MIGRATIONS: LazyLock<Migrations> = LazyLock::new(Migrations::default);
+
+/// "45s", "12m", "1h5m": minutes are enough for a migration's age.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        _ if (s % 3600) / 60 == 0 => format!("{}h", s / 3600),
+        _ => format!("{}h{}m", s / 3600, (s % 3600) / 60),
     }
 }
 
@@ -194,13 +385,44 @@ fn api_message(e: &kube::Error) -> String {
     }
 }
 
+/// How an eviction request that did not go through is counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Refusal {
+    /// 429 from KubeVirt: the VM is being live-migrated away.
+    Evacuation(String),
+    /// Any other 429 (a PodDisruptionBudget, or a webhook saying "not now").
+    NotNow(String),
+    /// Anything else.
+    Failed(String),
+}
+
+fn refusal(e: &kube::Error, virt_launcher: bool) -> Refusal {
+    let message = api_message(e);
+    match e {
+        kube::Error::Api(s) if s.code == 429 => {
+            if is_kubevirt_evacuation(virt_launcher, &message) {
+                Refusal::Evacuation(message)
+            } else {
+                Refusal::NotNow(message)
+            }
+        }
+        _ => Refusal::Failed(message),
+    }
+}
+
 async fn evict_one(client: Client, pod: Pod) -> (PodReference, PodOutcome) {
     let r = PodReference {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
     };
+    let uid = pod
+        .metadata
+        .uid
+        .clone()
+        .unwrap_or_else(|| format!("{}/{}", r.namespace, r.name));
     // Only pods that must leave get here: terminating means awaited.
     if pod.metadata.deletion_timestamp.is_some() {
+        MIGRATIONS.forget(&uid);
         let since = pod
             .metadata
             .deletion_timestamp
@@ -216,11 +438,25 @@ async fn evict_one(client: Client, pod: Pod) -> (PodReference, PodOutcome) {
     let outcome = match api.evict(&r.name, &EvictParams::default()).await {
         Ok(_) => PodOutcome::Evicted,
         Err(kube::Error::Api(s)) if s.code == 404 => PodOutcome::Gone,
-        Err(e @ kube::Error::Api(_)) if matches!(&e, kube::Error::Api(s) if s.code == 429) => {
-            PodOutcome::Blocked(api_message(&e))
-        }
-        Err(e) => PodOutcome::Failed(api_message(&e)),
+        Err(e) => match refusal(&e, is_virt_launcher(&pod)) {
+            Refusal::Evacuation(message) => {
+                let since = MIGRATIONS.observe(&uid, Instant::now());
+                if since.is_zero() {
+                    tracing::info!(pod = %format!("{}/{}", r.namespace, r.name), %message,
+                        "KubeVirt is live-migrating the pod's VM away; the pod leaves when the migration completes");
+                }
+                PodOutcome::Migrating {
+                    since_secs: since.as_secs(),
+                    message,
+                }
+            }
+            Refusal::NotNow(m) => PodOutcome::Blocked(m),
+            Refusal::Failed(m) => PodOutcome::Failed(m),
+        },
     };
+    if !matches!(outcome, PodOutcome::Migrating { .. }) {
+        MIGRATIONS.forget(&uid);
+    }
     tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), outcome = ?outcome, "eviction answered");
     (r, outcome)
 }
@@ -239,16 +475,28 @@ pub async fn evict_all(
 }
 
 /// The `lastError` text for a round that left pods on the node, or None when
-/// nothing is in the way (pods only terminating).
+/// nothing is in the way (pods only terminating, or VMs live-migrating for
+/// less than `--migration-warning-after`).
 pub fn blocker_summary(
     node: &str,
     outcomes: &BTreeMap<PodReference, PodOutcome>,
 ) -> Option<String> {
+    blocker_summary_with(node, outcomes, migration_warning_after())
+}
+
+/// [`blocker_summary`] with a live migration reported once it has run `warn_after`.
+pub fn blocker_summary_with(
+    node: &str,
+    outcomes: &BTreeMap<PodReference, PodOutcome>,
+    warn_after: Duration,
+) -> Option<String> {
     const SHOWN: usize = 5;
     let problems: Vec<String> = outcomes
         .iter()
-        .filter(|(_, o)| o.is_problem())
-        .map(|(r, o)| format!("{}/{}: {}", r.namespace, r.name, o.describe()))
+        .filter_map(|(r, o)| {
+            o.problem(warn_after)
+                .map(|p| format!("{}/{}: {p}", r.namespace, r.name))
+        })
         .collect();
     if problems.is_empty() {
         return None;
@@ -302,6 +550,196 @@ mod tests {
         o.insert(r("a"), PodOutcome::Evicted);
         o.insert(r("c"), PodOutcome::Terminating(1));
         assert_eq!(blocker_summary("w1", &o), None);
+    }
+
+    fn status_429(message: &str, causes: &[&str]) -> kube::Error {
+        let causes: Vec<_> = causes
+            .iter()
+            .map(|m| serde_json::json!({"reason": "DisruptionBudget", "message": m}))
+            .collect();
+        let s: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 429, "message": message, "reason": "TooManyRequests",
+            "details": {"causes": causes}
+        }))
+        .expect("Status JSON");
+        kube::Error::Api(Box::new(s))
+    }
+
+    /// KubeVirt's two answers (virt-api pod-eviction-admitter), as the API
+    /// server relays them.
+    const KUBEVIRT_FIRST: &str = "admission webhook \"virt-launcher-eviction-interceptor.kubevirt.io\" \
+        denied the request: Eviction triggered evacuation of VMI \"shop/vm1\"";
+    const KUBEVIRT_AGAIN: &str = "admission webhook \"virt-launcher-eviction-interceptor.kubevirt.io\" \
+        denied the request: Evacuation in progress: Eviction triggered evacuation of VMI \"shop/vm1\"";
+    const PDB: &str = "Cannot evict pod as it would violate the pod's disruption budget.";
+
+    #[test]
+    fn kubevirt_429_is_a_migration() {
+        for launcher in [true, false] {
+            for m in [KUBEVIRT_FIRST, KUBEVIRT_AGAIN] {
+                assert_eq!(
+                    refusal(&status_429(m, &[]), launcher),
+                    Refusal::Evacuation(m.to_string()),
+                    "launcher {launcher}: {m}"
+                );
+            }
+        }
+        // KubeVirt's other answers count only for a virt-launcher pod.
+        let target = "admission webhook \"virt-launcher-eviction-interceptor.kubevirt.io\" \
+            denied the request: Eviction request for target Pod";
+        let kubevirt_pdb = "The disruption budget kubevirt-disruption-budget-x7k2p needs 1 healthy pods and has 1 currently";
+        assert!(matches!(
+            refusal(&status_429(target, &[]), true),
+            Refusal::Evacuation(_)
+        ));
+        assert!(matches!(
+            refusal(&status_429(target, &[]), false),
+            Refusal::NotNow(_)
+        ));
+        assert!(matches!(
+            refusal(&status_429(PDB, &[kubevirt_pdb]), true),
+            Refusal::Evacuation(m) if m.contains(kubevirt_pdb)
+        ));
+        assert!(matches!(
+            refusal(&status_429(PDB, &[kubevirt_pdb]), false),
+            Refusal::NotNow(_)
+        ));
+        assert!(matches!(
+            refusal(&status_429("Evacuation in progress", &[]), false),
+            Refusal::NotNow(_)
+        ));
+    }
+
+    #[test]
+    fn other_refusals_as_before() {
+        let users_pdb = "The disruption budget web needs 2 healthy pods and has 2 currently";
+        for launcher in [true, false] {
+            assert_eq!(
+                refusal(&status_429(PDB, &[users_pdb]), launcher),
+                Refusal::NotNow(format!("{PDB} ({users_pdb})")),
+                "a PDB of the user's holds even a VM's pod"
+            );
+            assert!(matches!(
+                refusal(
+                    &status_429(
+                        "admission webhook \"x.example.com\" denied the request: later",
+                        &[]
+                    ),
+                    launcher
+                ),
+                Refusal::NotNow(_)
+            ));
+        }
+        let forbidden: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 403, "reason": "Forbidden",
+            "message": "Eviction triggered evacuation of VMI \"shop/vm1\"",
+        }))
+        .expect("Status JSON");
+        assert!(matches!(
+            refusal(&kube::Error::Api(Box::new(forbidden)), true),
+            Refusal::Failed(_)
+        ));
+    }
+
+    fn migrating_for(since_secs: u64) -> PodOutcome {
+        PodOutcome::Migrating {
+            since_secs,
+            message: KUBEVIRT_AGAIN.into(),
+        }
+    }
+
+    #[test]
+    fn migration_is_no_blocker_until_it_runs_too_long() {
+        let ten_min = Duration::from_secs(600);
+        let mut o = BTreeMap::new();
+        o.insert(r("virt-launcher-vm1-x"), migrating_for(599));
+        o.insert(r("web"), PodOutcome::Evicted);
+        assert_eq!(blocker_summary_with("w1", &o, ten_min), None);
+        assert_eq!(migrating(&o), vec![r("virt-launcher-vm1-x")]);
+
+        o.insert(r("virt-launcher-vm1-x"), migrating_for(12 * 60 + 5));
+        let s = blocker_summary_with("w1", &o, ten_min).expect("overdue");
+        assert!(
+            s.contains(
+                "node w1, 1 blocked: shop/virt-launcher-vm1-x: VM live migration running for 12m, \
+                 longer than --migration-warning-after (10m)"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("Evacuation in progress"), "{s}");
+
+        // A real blocker next to a young migration: only the blocker is named.
+        o.insert(r("virt-launcher-vm1-x"), migrating_for(5));
+        o.insert(r("db"), PodOutcome::Blocked("Cannot evict pod".into()));
+        let s = blocker_summary_with("w1", &o, ten_min).expect("blocked");
+        assert!(s.contains("1 blocked: shop/db:"), "{s}");
+        assert!(!s.contains("virt-launcher"), "{s}");
+    }
+
+    #[test]
+    fn outcome_labels() {
+        let labels: Vec<_> = [
+            PodOutcome::Evicted,
+            PodOutcome::Gone,
+            PodOutcome::Terminating(1),
+            PodOutcome::Blocked("pdb".into()),
+            migrating_for(1),
+            PodOutcome::Failed("x".into()),
+        ]
+        .iter()
+        .map(outcome_label)
+        .collect();
+        assert_eq!(
+            labels,
+            [
+                "evicted",
+                "gone",
+                "terminating",
+                "blocked",
+                "migrating",
+                "failed"
+            ]
+        );
+    }
+
+    #[test]
+    fn migrations_remember_the_first_answer() {
+        let m = Migrations::default();
+        let t0 = Instant::now();
+        assert_eq!(m.observe("u1", t0), Duration::ZERO);
+        let later = t0 + Duration::from_secs(90);
+        assert_eq!(m.observe("u1", later), Duration::from_secs(90));
+        assert_eq!(m.observe("u2", later), Duration::ZERO);
+        m.forget("u1");
+        assert_eq!(m.observe("u1", later), Duration::ZERO, "a new migration");
+        // Pods nobody asks about any more (gone) are dropped.
+        let much_later = later + Migrations::STALE + Duration::from_secs(1);
+        assert_eq!(m.observe("u3", much_later), Duration::ZERO);
+        assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn ages_read_as_people_write_them() {
+        let h = |s| human(Duration::from_secs(s));
+        assert_eq!(
+            [h(0), h(45), h(60), h(12 * 60 + 59), h(3600), h(3900)],
+            ["0s", "45s", "1m", "12m", "1h", "1h5m"]
+        );
+    }
+
+    #[test]
+    fn virt_launcher_by_label() {
+        let pod = |labels: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "p", "labels": labels}}))
+                .expect("pod")
+        };
+        assert!(is_virt_launcher(&pod(
+            serde_json::json!({"kubevirt.io": "virt-launcher"})
+        )));
+        assert!(!is_virt_launcher(&pod(
+            serde_json::json!({"kubevirt.io": "hotplug-disk"})
+        )));
+        assert!(!is_virt_launcher(&pod(serde_json::json!({}))));
     }
 
     #[test]

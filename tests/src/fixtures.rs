@@ -398,3 +398,43 @@ impl TestBed {
             .await?)
     }
 }
+
+/// Label of the pod that runs a KubeVirt VM (virt-controller sets it).
+pub const VIRT_LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
+/// Annotation of a virt-launcher pod naming its VirtualMachineInstance.
+pub const KUBEVIRT_DOMAIN_ANNOTATION: &str = "kubevirt.io/domain";
+
+impl TestBed {
+    /// A virt-launcher pod of VM `vm` as virt-controller creates it: labelled
+    /// `kubevirt.io=virt-launcher`, annotated with its VMI's name, an emptyDir
+    /// for the VM's runtime files. No owner reference: its owner would be the
+    /// VirtualMachineInstance, and the garbage collector deletes pods whose
+    /// owner does not exist.
+    pub async fn virt_launcher_pod(&self, name: &str, node: &str, vm: &str) -> anyhow::Result<Pod> {
+        self.pod_on(
+            name,
+            node,
+            json!({
+                "metadata": {
+                    "labels": {VIRT_LAUNCHER_LABEL.0: VIRT_LAUNCHER_LABEL.1, "vm.kubevirt.io/name": vm},
+                    "annotations": {KUBEVIRT_DOMAIN_ANNOTATION: vm}
+                },
+                "spec": {
+                    "volumes": [{"name": "private", "emptyDir": {}}],
+                    "containers": [{"name": "compute", "image": "registry.invalid/virt-launcher:1",
+                                    "volumeMounts": [{"name": "private", "mountPath": "/var/run/kubevirt-private"}]}]
+                }
+            }),
+        )
+        .await
+    }
+}
+
+/// An admin client that takes a 429 as the answer it is (kube's client retries
+/// 429 by default, for minutes): for eviction requests.
+pub async fn no_retry_client() -> anyhow::Result<Client> {
+    let kc = kube::config::Kubeconfig::read_from(crate::kubeconfig_path())?;
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    cfg.default_retry = false;
+    Ok(Client::try_from(cfg)?)
+}
