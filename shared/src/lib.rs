@@ -18,6 +18,7 @@ pub mod namespace;
 pub mod nodes;
 pub mod probes;
 pub mod quorum;
+pub mod slots;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;

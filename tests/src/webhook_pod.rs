@@ -116,3 +116,155 @@ pub async fn unregister(client: &Client, group: &str) {
         .delete(group, &kube::api::DeleteParams::default())
         .await;
 }
+
+/// One webhook for a test, started as tests/tests/webhook.rs starts its own:
+/// fresh certificates in the kubelet layout, the base Deployment's pod run as
+/// the nmo-webhook ServiceAccount with `extra_args` after the manifests'
+/// arguments.
+pub struct TestWebhook {
+    pub proc: Running,
+    pub tls_addr: SocketAddr,
+    pub ca: certs::Ca,
+}
+
+impl TestWebhook {
+    /// Start it (`--openshift=false`) and wait for its readiness probe.
+    pub async fn start(client: &Client, group: &str, extra_args: &[&str]) -> TestWebhook {
+        let dir = crate::repo_root().join(".cluster/test-logs");
+        let cert_dir = dir.join(format!("{group}-certs"));
+        let ca = certs::Ca::new("nmo-tests-webhook-ca", Duration::from_secs(3600)).expect("CA");
+        let cert = issue(&ca);
+        write_certs(&cert_dir, &ca, &cert);
+        let kubeconfig = dir.join(format!("{group}-webhook.kubeconfig"));
+        crate::process::service_account_kubeconfig(
+            client,
+            "nmo-system",
+            "nmo-webhook",
+            &kubeconfig,
+        )
+        .await
+        .expect("webhook kubeconfig");
+        let mut args = vec![
+            "--openshift=false".to_string(),
+            "--metrics-secure=false".to_string(),
+        ];
+        args.extend(extra_args.iter().map(|a| a.to_string()));
+        let pod = Launch::new("base", "nmo-webhook")
+            .volume("cert", &cert_dir)
+            .kubeconfig(&kubeconfig)
+            .extra_args(args)
+            .start(client)
+            .await
+            .expect("webhook started");
+        pod.wait_ready(LONG).await.expect("webhook Ready");
+        let port = pod.flag_port("webhook-bind-address").expect("mapped port");
+        TestWebhook {
+            proc: pod.proc,
+            tls_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+            ca,
+        }
+    }
+
+    /// Register it for NodeMaintenances named `group...` ([`register_url`]),
+    /// and return once the API server calls it: a dry-run create for a
+    /// missing node is denied with this webhook's words.
+    pub async fn register(&self, client: &Client, group: &str) {
+        register_url(
+            client,
+            group,
+            self.tls_addr.port(),
+            &certs::ca_bundle_base64(self.ca.cert_pem()),
+        )
+        .await;
+        let ghost = format!("{group}-ghost");
+        let nm = test_nm(&format!("{group}-probe"), &ghost);
+        crate::wait::until(
+            "the API server to call this test's webhook",
+            Duration::from_secs(20),
+            || async {
+                let r = create_with_warnings(client, &nm, true).await;
+                Ok(match &r {
+                    Err((403, m)) if m.ends_with(&format!("no node with name {ghost} found")) => {
+                        crate::wait::Poll::Ready(())
+                    }
+                    _ => crate::wait::Poll::Pending(format!("{r:?}")),
+                })
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\nwebhook log:\n{}", self.proc.log_text()));
+    }
+}
+
+/// A NodeMaintenance for `node` named `name` (from JSON: optional spec
+/// fields keep their defaults whatever the API version adds).
+pub fn test_nm(name: &str, node: &str) -> shared::NodeMaintenance {
+    serde_json::from_value(json!({
+        "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+        "kind": "NodeMaintenance",
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "reason": "webhook test"}
+    }))
+    .expect("NodeMaintenance JSON")
+}
+
+/// Create `nm` through the API server (a server-side dry run when `dry_run`)
+/// and return the warnings it answered with (its `Warning` headers, as
+/// kubectl prints them), or the refusal's (code, message). kube's typed
+/// `create` drops the headers, so this sends the request itself.
+pub async fn create_with_warnings(
+    client: &Client,
+    nm: &shared::NodeMaintenance,
+    dry_run: bool,
+) -> Result<Vec<String>, (u16, String)> {
+    let pp = PostParams {
+        dry_run,
+        ..Default::default()
+    };
+    let body = serde_json::to_vec(nm).map_err(|e| (0, e.to_string()))?;
+    let req = kube::core::Request::new("/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances")
+        .create(&pp, body)
+        .map_err(|e| (0, e.to_string()))?;
+    let resp = client
+        .send(req.map(kube::client::Body::from))
+        .await
+        .map_err(|e| (0, e.to_string()))?;
+    let status = resp.status().as_u16();
+    let warnings = resp
+        .headers()
+        .get_all(http::header::WARNING)
+        .iter()
+        .map(|v| warning_text(&String::from_utf8_lossy(v.as_bytes())))
+        .collect();
+    if (200..300).contains(&status) {
+        return Ok(warnings);
+    }
+    let body = resp.into_body().collect_bytes().await.unwrap_or_default();
+    let message = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+    Err((status, message))
+}
+
+/// The text of one `Warning: 299 - "text"` header (RFC 7234 quoting).
+fn warning_text(header: &str) -> String {
+    let quoted = header
+        .split_once(" - ")
+        .map(|(_, rest)| rest)
+        .unwrap_or(header)
+        .trim();
+    let inner = quoted
+        .strip_prefix('"')
+        .and_then(|q| q.strip_suffix('"'))
+        .unwrap_or(quoted);
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.extend(chars.next()),
+            c => out.push(c),
+        }
+    }
+    out
+}

@@ -111,6 +111,18 @@ pub struct Config {
     #[arg(long, env = "SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub shutdown_delay: Duration,
 
+    /// As the controller's flag: at most this many nodes in maintenance at
+    /// once (0 = no limit). The webhook only uses it to warn, on create, that
+    /// a NodeMaintenance will wait for a slot ("will wait: N maintenance(s) ahead").
+    #[arg(long, env = "MAX_CONCURRENT_MAINTENANCES", default_value_t = 1)]
+    pub max_concurrent_maintenances: usize,
+
+    /// Time budget of the admission warnings of one create (pods of the node,
+    /// PodDisruptionBudgets, KubeVirt VMIs): what is not known by then is left
+    /// out (and named as not checked). 0 turns the warnings off.
+    #[arg(long, env = "WARNINGS_TIMEOUT", default_value = "250ms", value_parser = parse_duration)]
+    pub warnings_timeout: Duration,
+
     /// Longest time to finish in-flight reviews after the listener closed.
     #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "8s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -290,6 +302,11 @@ mod tests {
         assert!(!c.runtime.enable_http2);
         assert!(!parse(&["--metrics-secure=false"]).runtime.metrics_secure);
         assert_eq!(c.max_body_bytes, 1024 * 1024);
+        assert_eq!(c.max_concurrent_maintenances, 1, "as the controller's");
+        assert_eq!(c.warnings_timeout, Duration::from_millis(250));
+        let c = parse(&["--max-concurrent-maintenances=0", "--warnings-timeout=1s"]);
+        assert_eq!(c.max_concurrent_maintenances, 0);
+        assert_eq!(c.warnings_timeout, Duration::from_secs(1));
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod review;
 pub mod server;
 pub mod tls;
 pub mod validate;
+pub mod warnings;
 
 use std::sync::Arc;
 
@@ -95,7 +96,16 @@ pub async fn run(config: Config) -> Result<(), Error> {
     let listener = server::bind(listeners.webhook).await?;
 
     let client = kube_client(&config).await?;
-    let caches = cache::Caches::start(client.clone(), config.openshift, &readiness, &metrics);
+    let caches = cache::Caches::start(
+        client.clone(),
+        config.openshift,
+        cache::WarningSettings {
+            max_concurrent_maintenances: config.max_concurrent_maintenances,
+            timeout: config.warnings_timeout,
+        },
+        &readiness,
+        &metrics,
+    );
 
     // Probes and metrics keep answering until the process exits, so /readyz
     // reports "shutting down" while in-flight reviews finish.

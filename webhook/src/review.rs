@@ -203,6 +203,9 @@ struct ResponseOut<'a> {
     uid: &'a str,
     allowed: bool,
     status: StatusOut<'a>,
+    /// Shown by kubectl as "Warning: ..." (AdmissionReview v1 `response.warnings`).
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
 }
 
 /// metav1.Status as controller-runtime fills it: code always, reason and
@@ -219,6 +222,17 @@ struct StatusOut<'a> {
 /// Encode an AdmissionReview v1 response. `code` is the status code the API
 /// server reports to its client (200 allowed, 403 denied, 400 bad request).
 pub fn encode_response(uid: &str, allowed: bool, code: u16, message: &str) -> Vec<u8> {
+    encode_response_with_warnings(uid, allowed, code, message, &[])
+}
+
+/// [`encode_response`] plus `response.warnings` (left out when empty).
+pub fn encode_response_with_warnings(
+    uid: &str,
+    allowed: bool,
+    code: u16,
+    message: &str,
+    warnings: &[String],
+) -> Vec<u8> {
     let reason = match code {
         403 => "Forbidden",
         400 => "BadRequest",
@@ -235,6 +249,7 @@ pub fn encode_response(uid: &str, allowed: bool, code: u16, message: &str) -> Ve
                 reason,
                 message,
             },
+            warnings,
         },
     };
     // Serializing these plain structs cannot fail; fall back to a hand-written
@@ -325,5 +340,22 @@ pub(crate) mod tests {
         let v: serde_json::Value =
             serde_json::from_slice(&encode_response("u", true, 200, "")).expect("json");
         assert_eq!(v["response"]["status"], serde_json::json!({"code": 200}));
+        assert!(
+            v["response"].get("warnings").is_none(),
+            "no warnings: no field"
+        );
+    }
+
+    #[test]
+    fn warnings_go_in_the_response() {
+        let w = vec!["pod a/b has no controller".to_string(), "x".to_string()];
+        let v: serde_json::Value =
+            serde_json::from_slice(&encode_response_with_warnings("u", true, 200, "", &w))
+                .expect("json");
+        assert_eq!(
+            v["response"],
+            serde_json::json!({"uid": "u", "allowed": true, "status": {"code": 200},
+                               "warnings": ["pod a/b has no controller", "x"]})
+        );
     }
 }

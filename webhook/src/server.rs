@@ -26,7 +26,7 @@ use tokio::sync::Semaphore;
 use crate::body;
 use crate::metrics::Metrics;
 use crate::review;
-use crate::validate::{Decision, Lookups, Reason, decide_confirmed};
+use crate::validate::{Decision, Lookups, Reason, decide_confirmed, decode_object};
 
 /// Per-request limits.
 #[derive(Debug, Clone)]
@@ -275,13 +275,39 @@ async fn answer(st: &Inner, req: Request, start: Instant) -> Answer {
         request.operation.as_str(),
         start,
     );
-    json(review::encode_response(
+    let warnings = if decision.admits_create() {
+        warnings_for(st, &request).await
+    } else {
+        Vec::new()
+    };
+    json(review::encode_response_with_warnings(
         &request.uid,
         decision.allowed,
         decision.code,
         &decision.message,
+        &warnings,
     ))
     .into()
+}
+
+/// The warnings for an allowed CREATE, after its decision was made and
+/// logged (the lookups bound themselves by --warnings-timeout).
+async fn warnings_for(st: &Inner, request: &review::ReviewRequest) -> Vec<String> {
+    let Ok(nm) = decode_object(request, "object", request.object.as_deref()) else {
+        return Vec::new();
+    };
+    let began = Instant::now();
+    let warnings = st.lookups.warnings(&nm).await;
+    tracing::info!(
+        target: "nmo_webhook::decision",
+        uid = clip(&request.uid),
+        object = clip(&request.name),
+        dry_run = request.dry_run,
+        warnings = warnings.len(),
+        latency_ms = began.elapsed().as_micros() as f64 / 1000.0,
+        "admission warnings"
+    );
+    warnings
 }
 
 fn is_json(ct: &HeaderValue) -> bool {

@@ -46,6 +46,15 @@ pub trait Lookups: Send + Sync {
     fn confirm_node(&self, _name: &str) -> futures::future::BoxFuture<'_, Option<NodeFacts>> {
         Box::pin(std::future::ready(None))
     }
+
+    /// Admission warnings for an allowed create of `nm` (see `warnings`):
+    /// asked only after the decision, never able to change it.
+    fn warnings<'a>(
+        &'a self,
+        _nm: &'a NodeMaintenance,
+    ) -> futures::future::BoxFuture<'a, Vec<String>> {
+        Box::pin(std::future::ready(Vec::new()))
+    }
 }
 
 /// Lookups that also know one node the cache had not seen yet.
@@ -197,6 +206,18 @@ impl Decision {
         }
     }
 
+    /// An allowed CREATE: the one answer that carries warnings.
+    pub fn admits_create(&self) -> bool {
+        self.allowed
+            && matches!(
+                self.reason,
+                Reason::Valid
+                    | Reason::QuorumDisruptionAllowed
+                    | Reason::QuorumAlreadyDisrupted
+                    | Reason::QuorumNoGuardPod
+            )
+    }
+
     fn about(mut self, nm: &NodeMaintenance) -> Self {
         self.object = nm
             .metadata
@@ -244,7 +265,7 @@ pub fn decide(req: &ReviewRequest, lookups: &dyn Lookups) -> Decision {
     decision
 }
 
-fn decode_object(
+pub(crate) fn decode_object(
     req: &ReviewRequest,
     field: &str,
     raw: Option<&serde_json::value::RawValue>,

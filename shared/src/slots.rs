@@ -1,0 +1,289 @@
+//! Maintenance slots: at most N nodes in maintenance at once, the rest wait in
+//! creation order. Also decides which of several NodeMaintenances naming the
+//! same node owns it (two creates can race past the webhook).
+//!
+//! A NodeMaintenance holds a slot from the moment it is admitted (phase
+//! Running or Succeeded) until it is gone, deletion included, so the next one
+//! starts only after the node was given back.
+//!
+//! Pure functions over [`Entry`]s: the controller decides with them, and the
+//! webhook tells at admission time what a new NodeMaintenance will wait for
+//! ([`ahead`]), from the same rules.
+
+use crate::{MaintenancePhase, NodeMaintenance};
+use kube::ResourceExt;
+
+/// What the slot logic needs to know about one NodeMaintenance.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub name: String,
+    pub node: String,
+    /// Creation time as sortable text (RFC 3339 UTC) plus name break ties.
+    pub created: String,
+    pub phase: Option<MaintenancePhase>,
+    pub deleting: bool,
+}
+
+impl Entry {
+    /// The one place a NodeMaintenance becomes a slot entry.
+    pub fn of(nm: &NodeMaintenance) -> Entry {
+        Entry {
+            name: nm.name_any(),
+            node: nm.spec.node_name.clone(),
+            created: nm
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .unwrap_or_default(),
+            phase: nm.phase().cloned(),
+            deleting: nm.metadata.deletion_timestamp.is_some(),
+        }
+    }
+
+    fn admitted(&self) -> bool {
+        matches!(
+            self.phase,
+            Some(MaintenancePhase::Running | MaintenancePhase::Succeeded)
+        )
+    }
+    fn failed(&self) -> bool {
+        matches!(self.phase, Some(MaintenancePhase::Failed))
+    }
+    fn order_key(&self) -> (&str, &str) {
+        (&self.created, &self.name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotDecision {
+    /// Go ahead (or carry on).
+    Admitted,
+    /// Another NodeMaintenance already owns this node: never touch it.
+    Duplicate { owner: String },
+    /// Wait: `position` is 1-based in the queue, `holders` are the names in maintenance.
+    Wait {
+        position: usize,
+        holders: Vec<String>,
+        max: usize,
+    },
+}
+
+/// Decide for `me`. `max == 0` means no limit.
+pub fn decide(me: &Entry, all: &[Entry], max: usize) -> SlotDecision {
+    if me.admitted() {
+        return SlotDecision::Admitted;
+    }
+    // The owner of a node: an admitted NodeMaintenance for it, else the oldest
+    // one that has not failed.
+    let same_node = all
+        .iter()
+        .filter(|e| e.node == me.node && e.name != me.name);
+    let mut rivals: Vec<&Entry> = same_node.filter(|e| !e.failed()).collect();
+    rivals.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    if let Some(owner) = rivals.iter().find(|e| e.admitted()) {
+        return SlotDecision::Duplicate {
+            owner: owner.name.clone(),
+        };
+    }
+    if let Some(older) = rivals.iter().find(|e| e.order_key() < me.order_key()) {
+        return SlotDecision::Duplicate {
+            owner: older.name.clone(),
+        };
+    }
+    if max == 0 {
+        return SlotDecision::Admitted;
+    }
+    let holders = holders(all);
+    let free = max.saturating_sub(holders.len());
+    let queue = queue(all);
+    let position = queue
+        .iter()
+        .position(|e| e.name == me.name)
+        .unwrap_or(queue.len());
+    if position < free {
+        SlotDecision::Admitted
+    } else {
+        SlotDecision::Wait {
+            position: position + 1 - free.min(position + 1),
+            holders: holders.iter().map(|e| e.name.clone()).collect(),
+            max,
+        }
+    }
+}
+
+/// The admitted ones, in creation order.
+fn holders(all: &[Entry]) -> Vec<&Entry> {
+    let mut holders: Vec<&Entry> = all.iter().filter(|e| e.admitted()).collect();
+    holders.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    holders
+}
+
+/// The queue: everyone not admitted, not failed, not being deleted, first per
+/// node, in creation order.
+fn queue(all: &[Entry]) -> Vec<&Entry> {
+    let mut queue: Vec<&Entry> = all
+        .iter()
+        .filter(|e| !e.admitted() && !e.failed() && !e.deleting)
+        .collect();
+    queue.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    let mut seen_nodes = std::collections::HashSet::new();
+    queue.retain(|e| seen_nodes.insert(e.node.as_str()));
+    queue
+}
+
+/// When [`decide`] makes `me` wait: the NodeMaintenances ahead of it, the
+/// slot holders first, then those queued before it, each in creation order.
+/// `None` when `me` is admitted (or is a duplicate, which is not a wait).
+pub fn ahead(me: &Entry, all: &[Entry], max: usize) -> Option<Vec<String>> {
+    let SlotDecision::Wait { .. } = decide(me, all, max) else {
+        return None;
+    };
+    let mut names: Vec<String> = holders(all).iter().map(|e| e.name.clone()).collect();
+    names.extend(
+        queue(all)
+            .into_iter()
+            .take_while(|e| e.name != me.name)
+            .map(|e| e.name.clone()),
+    );
+    Some(names)
+}
+
+/// The text a waiting NodeMaintenance shows in `lastError`.
+pub fn wait_message(position: usize, holders: &[String], max: usize) -> String {
+    format!(
+        "waiting for a maintenance slot: {} of {max} in use by {}; position {position} in the queue \
+         (the limit is --max-concurrent-maintenances)",
+        holders.len().min(max),
+        if holders.is_empty() {
+            "none".to_string()
+        } else {
+            holders.join(", ")
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(name: &str, node: &str, created: &str, phase: Option<MaintenancePhase>) -> Entry {
+        Entry {
+            name: name.into(),
+            node: node.into(),
+            created: created.into(),
+            phase,
+            deleting: false,
+        }
+    }
+
+    #[test]
+    fn first_come_first_served_with_one_slot() {
+        let a = e("a", "n1", "2024-01-01T00:00:01Z", None);
+        let b = e("b", "n2", "2024-01-01T00:00:02Z", None);
+        let all = vec![a.clone(), b.clone()];
+        assert_eq!(decide(&a, &all, 1), SlotDecision::Admitted);
+        assert!(matches!(
+            decide(&b, &all, 1),
+            SlotDecision::Wait { position: 1, .. }
+        ));
+    }
+
+    #[test]
+    fn holder_keeps_slot_until_gone_even_while_deleting() {
+        let mut a = e("a", "n1", "1", Some(MaintenancePhase::Succeeded));
+        a.deleting = true;
+        let b = e("b", "n2", "2", Some(MaintenancePhase::Pending));
+        let all = vec![a.clone(), b.clone()];
+        assert_eq!(decide(&a, &all, 1), SlotDecision::Admitted);
+        assert_eq!(
+            decide(&b, &all, 1),
+            SlotDecision::Wait {
+                position: 1,
+                holders: vec!["a".into()],
+                max: 1
+            }
+        );
+        // a is gone: b starts.
+        assert_eq!(
+            decide(&b, std::slice::from_ref(&b), 1),
+            SlotDecision::Admitted
+        );
+    }
+
+    #[test]
+    fn failed_ones_free_their_slot() {
+        let a = e("a", "n1", "1", Some(MaintenancePhase::Failed));
+        let b = e("b", "n2", "2", Some(MaintenancePhase::Pending));
+        assert_eq!(decide(&b, &[a, b.clone()], 1), SlotDecision::Admitted);
+    }
+
+    #[test]
+    fn zero_means_unlimited_and_n_slots_admit_n() {
+        let all: Vec<_> = (0..5)
+            .map(|i| e(&format!("m{i}"), &format!("n{i}"), &format!("{i}"), None))
+            .collect();
+        for m in &all {
+            assert_eq!(decide(m, &all, 0), SlotDecision::Admitted);
+        }
+        let admitted = all
+            .iter()
+            .filter(|m| decide(m, &all, 2) == SlotDecision::Admitted)
+            .count();
+        assert_eq!(admitted, 2);
+        assert!(matches!(
+            decide(&all[4], &all, 2),
+            SlotDecision::Wait { position: 3, .. }
+        ));
+    }
+
+    #[test]
+    fn second_for_same_node_is_a_duplicate() {
+        let a = e("a", "n1", "1", None);
+        let b = e("b", "n1", "2", None);
+        let all = vec![a.clone(), b.clone()];
+        assert_eq!(decide(&a, &all, 0), SlotDecision::Admitted);
+        assert_eq!(
+            decide(&b, &all, 0),
+            SlotDecision::Duplicate { owner: "a".into() }
+        );
+        // Even an older one loses to one that already runs on the node.
+        let running = e("z", "n1", "3", Some(MaintenancePhase::Running));
+        let all = vec![a.clone(), running.clone()];
+        assert_eq!(
+            decide(&a, &all, 0),
+            SlotDecision::Duplicate { owner: "z".into() }
+        );
+        assert_eq!(decide(&running, &all, 0), SlotDecision::Admitted);
+    }
+
+    #[test]
+    fn wait_message_names_holders_and_limit() {
+        let m = wait_message(2, &["a".into()], 1);
+        assert!(m.contains("1 of 1 in use by a"), "{m}");
+        assert!(m.contains("position 2"), "{m}");
+        assert!(m.contains("--max-concurrent-maintenances"), "{m}");
+    }
+    #[test]
+    fn ahead_names_holders_then_the_queue_before_me() {
+        let a = e("a", "n1", "1", Some(MaintenancePhase::Running));
+        let b = e("b", "n2", "2", Some(MaintenancePhase::Pending));
+        let c = e("c", "n3", "3", None);
+        let all = vec![a.clone(), b.clone(), c.clone()];
+        assert_eq!(ahead(&a, &all, 1), None);
+        assert_eq!(ahead(&b, &all, 1), Some(vec!["a".to_string()]));
+        assert_eq!(
+            ahead(&c, &all, 1),
+            Some(vec!["a".to_string(), "b".to_string()])
+        );
+        assert_eq!(ahead(&c, &all, 0), None, "no limit: nobody waits");
+        assert_eq!(ahead(&b, &all, 2), None, "a second slot is free");
+        assert_eq!(
+            ahead(&c, &all, 2),
+            Some(vec!["a".to_string(), "b".to_string()])
+        );
+        // A duplicate is not a wait.
+        let dup = e("d", "n1", "4", None);
+        assert_eq!(ahead(&dup, &[a, dup.clone()], 1), None);
+    }
+}

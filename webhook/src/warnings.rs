@@ -1,0 +1,547 @@
+//! Admission warnings: what an allowed NodeMaintenance create will do, told
+//! to whoever creates it (kubectl prints each as "Warning: ..."). Also the
+//! pre-flight check: `kubectl create --dry-run=server` gets the same lines.
+//!
+//! [`build`] is a pure function of plain facts (pods of the node, the
+//! PodDisruptionBudgets of their namespaces, KubeVirt VMIs, the maintenance
+//! slots), so every case is unit-tested without a cluster; the facts come from
+//! [`PodFacts::of`], [`PdbFacts::of`] and [`vmi_not_migratable`] over API
+//! objects, gathered by `cache::Caches::warnings` within a time budget.
+//! Warnings never deny and never delay a decision: they are computed only for
+//! an allowed CREATE, after the decision.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::core::{Selector, SelectorExt};
+
+/// Warnings beyond this many are summed up in one "... and N more" line.
+pub const MAX_WARNINGS: usize = 20;
+
+/// The API server truncates warnings to 256 characters when many come
+/// together: each line is clipped below that, on our terms.
+const MAX_LINE_CHARS: usize = 250;
+
+/// NodeMaintenances named in the "will wait" line; the rest are counted.
+const MAX_NAMES: usize = 5;
+
+/// Label of KubeVirt's virt-launcher pods (`kubevirt.io=virt-launcher`).
+pub const KUBEVIRT_LABEL: &str = "kubevirt.io";
+pub const VIRT_LAUNCHER: &str = "virt-launcher";
+/// Label naming the VirtualMachineInstance a virt-launcher pod runs.
+pub const VM_NAME_LABEL: &str = "vm.kubevirt.io/name";
+
+/// What the warnings need to know about one pod of the node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Its controller is a DaemonSet: it stays on the node, as in the drain.
+    pub daemonset: bool,
+    /// The API mirror of a static pod: the drain leaves it.
+    pub mirror: bool,
+    /// Phase Succeeded or Failed: nothing left to lose.
+    pub finished: bool,
+    /// Some ownerReference has controller=true: it is recreated elsewhere.
+    pub has_controller: bool,
+    /// Names of its emptyDir volumes.
+    pub empty_dirs: Vec<String>,
+    /// A virt-launcher pod: the VirtualMachineInstance it runs.
+    pub vmi: Option<String>,
+}
+
+impl PodFacts {
+    pub fn of(pod: &Pod) -> PodFacts {
+        let meta = &pod.metadata;
+        let labels = meta.labels.clone().unwrap_or_default();
+        let owners = meta.owner_references.as_deref().unwrap_or_default();
+        let controller = owners.iter().find(|o| o.controller == Some(true));
+        let vmi = (labels.get(KUBEVIRT_LABEL).map(String::as_str) == Some(VIRT_LAUNCHER))
+            .then(|| labels.get(VM_NAME_LABEL).cloned())
+            .flatten();
+        PodFacts {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            daemonset: controller.is_some_and(|o| o.kind == "DaemonSet"),
+            mirror: meta
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror")),
+            finished: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|p| p == "Succeeded" || p == "Failed"),
+            has_controller: controller.is_some(),
+            empty_dirs: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_ref())
+                .map(|vs| {
+                    vs.iter()
+                        .filter(|v| v.empty_dir.is_some())
+                        .map(|v| v.name.clone())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            vmi,
+            labels,
+        }
+    }
+
+    /// Pods the drain removes: not DaemonSet-owned, not mirrors, not finished.
+    fn evicted(&self) -> bool {
+        !self.daemonset && !self.mirror && !self.finished
+    }
+}
+
+/// What the warnings need to know about one PodDisruptionBudget.
+#[derive(Debug, Clone)]
+pub struct PdbFacts {
+    pub namespace: String,
+    pub name: String,
+    /// `None`: absent, empty or unreadable selector, which selects nothing
+    /// (as the Eviction API judges it).
+    pub selector: Option<Selector>,
+    pub disruptions_allowed: i32,
+}
+
+impl PdbFacts {
+    pub fn of(pdb: &PodDisruptionBudget) -> PdbFacts {
+        let selector = pdb
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.clone())
+            .filter(|ls| {
+                ls.match_labels.as_ref().is_some_and(|m| !m.is_empty())
+                    || ls.match_expressions.as_ref().is_some_and(|m| !m.is_empty())
+            })
+            .and_then(|ls| Selector::try_from(ls).ok());
+        PdbFacts {
+            namespace: pdb.metadata.namespace.clone().unwrap_or_default(),
+            name: pdb.metadata.name.clone().unwrap_or_default(),
+            selector,
+            disruptions_allowed: pdb.status.as_ref().map_or(0, |s| s.disruptions_allowed),
+        }
+    }
+
+    fn blocks(&self, pod: &PodFacts) -> bool {
+        self.disruptions_allowed <= 0
+            && self.namespace == pod.namespace
+            && self
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.matches(&pod.labels))
+    }
+}
+
+/// A VirtualMachineInstance that says it cannot live-migrate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NotMigratable {
+    pub reason: String,
+    pub message: String,
+}
+
+/// Read the `LiveMigratable` condition of a VirtualMachineInstance (as JSON):
+/// `Some` only when its status is "False".
+pub fn vmi_not_migratable(vmi: &serde_json::Value) -> Option<NotMigratable> {
+    let conditions = vmi.pointer("/status/conditions")?.as_array()?;
+    let c = conditions
+        .iter()
+        .find(|c| c.get("type").and_then(|t| t.as_str()) == Some("LiveMigratable"))?;
+    if c.get("status").and_then(|s| s.as_str()) != Some("False") {
+        return None;
+    }
+    let text = |k: &str| {
+        c.get(k)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    Some(NotMigratable {
+        reason: text("reason"),
+        message: text("message"),
+    })
+}
+
+/// Everything [`build`] looks at. Lookups that did not answer in time leave
+/// their part empty and say so in `unchecked`.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    pub node: String,
+    pub pods: Vec<PodFacts>,
+    pub pdbs: Vec<PdbFacts>,
+    /// VMIs known not to live-migrate, by (namespace, name).
+    pub not_migratable: BTreeMap<(String, String), NotMigratable>,
+    /// The NodeMaintenances ahead of this one when it will wait for a slot.
+    pub slot_ahead: Option<Vec<String>>,
+    /// What could not be checked, one line each.
+    pub unchecked: Vec<String>,
+}
+
+/// The warnings, most consequential first: the wait for a slot, pods a PDB
+/// blocks now, VMs that cannot live-migrate, pods deleted for good, emptyDir
+/// data; then what could not be checked. At most [`MAX_WARNINGS`] lines plus
+/// one "... and N more".
+pub fn build(facts: &Facts) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(ahead) = &facts.slot_ahead {
+        out.push(slot_line(ahead));
+    }
+    let pods: Vec<&PodFacts> = facts.pods.iter().filter(|p| p.evicted()).collect();
+    for pod in &pods {
+        for pdb in facts.pdbs.iter().filter(|b| b.blocks(pod)) {
+            out.push(format!(
+                "pod {}/{} is held by PodDisruptionBudget {}/{} (allowed disruptions {}): \
+                 the drain waits until it allows one",
+                pod.namespace, pod.name, pdb.namespace, pdb.name, pdb.disruptions_allowed
+            ));
+        }
+    }
+    for pod in &pods {
+        let Some(vmi) = &pod.vmi else { continue };
+        if let Some(nm) = facts
+            .not_migratable
+            .get(&(pod.namespace.clone(), vmi.clone()))
+        {
+            let why = match (nm.reason.is_empty(), nm.message.is_empty()) {
+                (true, true) => "no reason given".to_string(),
+                (false, true) => nm.reason.clone(),
+                (true, false) => nm.message.clone(),
+                (false, false) => format!("{}: {}", nm.reason, nm.message),
+            };
+            // The VMI's own words last: a long message is what gets clipped.
+            out.push(format!(
+                "VirtualMachineInstance {}/{vmi} (pod {}) cannot live-migrate, so the drain \
+                 stops it or waits for it (its evictionStrategy decides): {why}",
+                pod.namespace, pod.name
+            ));
+        }
+    }
+    for pod in pods.iter().filter(|p| !p.has_controller) {
+        out.push(format!(
+            "pod {}/{} has no controller: it will be deleted for good, not recreated elsewhere",
+            pod.namespace, pod.name
+        ));
+    }
+    // virt-launcher emptyDirs hold KubeVirt's runtime files, not data: the VM
+    // line above covers those pods.
+    for pod in pods
+        .iter()
+        .filter(|p| !p.empty_dirs.is_empty() && p.vmi.is_none())
+    {
+        out.push(format!(
+            "pod {}/{} has emptyDir volume(s) {}: their data will be lost",
+            pod.namespace,
+            pod.name,
+            pod.empty_dirs.join(", ")
+        ));
+    }
+    out.extend(facts.unchecked.iter().cloned());
+    cap(out.into_iter().map(|w| one_line(&w)).collect())
+}
+
+/// "will wait: N maintenance(s) ahead (a, b, ...)": the slot holders and the
+/// NodeMaintenances queued before this one (`shared::slots::ahead`).
+pub fn slot_line(ahead: &[String]) -> String {
+    let mut names = ahead
+        .iter()
+        .take(MAX_NAMES)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if ahead.len() > MAX_NAMES {
+        names.push_str(&format!(" and {} more", ahead.len() - MAX_NAMES));
+    }
+    format!(
+        "will wait: {} maintenance(s) ahead ({names}); the limit is --max-concurrent-maintenances",
+        ahead.len()
+    )
+}
+
+fn cap(mut lines: Vec<String>) -> Vec<String> {
+    if lines.len() > MAX_WARNINGS {
+        let more = lines.len() - MAX_WARNINGS;
+        lines.truncate(MAX_WARNINGS);
+        lines.push(format!("... and {more} more"));
+    }
+    lines
+}
+
+/// One printable line (the API server drops warnings with control
+/// characters), at most [`MAX_LINE_CHARS`] characters, clipped with "...".
+fn one_line(s: &str) -> String {
+    let clean = s.chars().map(|c| if c.is_control() { ' ' } else { c });
+    if s.chars().count() <= MAX_LINE_CHARS {
+        return clean.collect();
+    }
+    let mut out: String = clean.take(MAX_LINE_CHARS - 3).collect();
+    out.push_str("...");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    fn pod(name: &str) -> PodFacts {
+        PodFacts {
+            namespace: "team-a".into(),
+            name: name.into(),
+            labels: [("app".to_string(), name.to_string())].into(),
+            has_controller: true,
+            ..Default::default()
+        }
+    }
+
+    fn bare(name: &str) -> PodFacts {
+        PodFacts {
+            has_controller: false,
+            ..pod(name)
+        }
+    }
+
+    fn pdb(name: &str, app: &str, allowed: i32) -> PdbFacts {
+        let ls = LabelSelector {
+            match_labels: Some([("app".to_string(), app.to_string())].into()),
+            ..Default::default()
+        };
+        PdbFacts {
+            namespace: "team-a".into(),
+            name: name.into(),
+            selector: Selector::try_from(ls).ok(),
+            disruptions_allowed: allowed,
+        }
+    }
+
+    fn facts(pods: Vec<PodFacts>) -> Facts {
+        Facts {
+            node: "worker-1".into(),
+            pods,
+            ..Default::default()
+        }
+    }
+
+    const HELD: &str = "pod team-a/web is held by PodDisruptionBudget team-a/web-pdb (allowed disruptions 0): the drain waits until it allows one";
+    const BARE: &str =
+        "pod team-a/solo has no controller: it will be deleted for good, not recreated elsewhere";
+
+    #[test]
+    fn table() {
+        let mut ds = bare("agent");
+        ds.daemonset = true;
+        let mut mirror = bare("static");
+        mirror.mirror = true;
+        let mut done = bare("job");
+        done.finished = true;
+        let mut scratch = pod("cache");
+        scratch.empty_dirs = vec!["scratch".into(), "tmp".into()];
+        let mut vm = pod("virt-launcher-vm1-abcde");
+        vm.vmi = Some("vm1".into());
+        vm.empty_dirs = vec!["private".into()];
+        let mut other_ns = pod("web");
+        other_ns.namespace = "team-b".into();
+
+        struct Case {
+            name: &'static str,
+            facts: Facts,
+            want: Vec<String>,
+        }
+        let cases = vec![
+            Case {
+                name: "nothing to say",
+                facts: facts(vec![pod("web")]),
+                want: vec![],
+            },
+            Case {
+                name: "PDB with 0 allowed disruptions holds its pod",
+                facts: Facts {
+                    pdbs: vec![pdb("web-pdb", "web", 0), pdb("other", "db", 0)],
+                    ..facts(vec![pod("web"), pod("api")])
+                },
+                want: vec![HELD.into()],
+            },
+            Case {
+                name: "PDB that allows a disruption says nothing",
+                facts: Facts {
+                    pdbs: vec![pdb("web-pdb", "web", 1)],
+                    ..facts(vec![pod("web")])
+                },
+                want: vec![],
+            },
+            Case {
+                name: "a PDB only selects pods of its namespace",
+                facts: Facts {
+                    pdbs: vec![pdb("web-pdb", "web", 0)],
+                    ..facts(vec![other_ns])
+                },
+                want: vec![],
+            },
+            Case {
+                name: "a PDB without selector selects nothing",
+                facts: Facts {
+                    pdbs: vec![PdbFacts {
+                        selector: None,
+                        ..pdb("all", "web", 0)
+                    }],
+                    ..facts(vec![pod("web")])
+                },
+                want: vec![],
+            },
+            Case {
+                name: "bare pod is deleted for good",
+                facts: facts(vec![bare("solo")]),
+                want: vec![BARE.into()],
+            },
+            Case {
+                name: "DaemonSet, mirror and finished pods stay out",
+                facts: Facts {
+                    pdbs: vec![pdb("p", "agent", 0), pdb("q", "job", 0)],
+                    ..facts(vec![ds, mirror, done])
+                },
+                want: vec![],
+            },
+            Case {
+                name: "emptyDir volumes are named",
+                facts: facts(vec![scratch]),
+                want: vec![
+                    "pod team-a/cache has emptyDir volume(s) scratch, tmp: their data will be lost"
+                        .into(),
+                ],
+            },
+            Case {
+                name: "VMI that cannot live-migrate, reason and message",
+                facts: Facts {
+                    not_migratable: [(
+                        ("team-a".to_string(), "vm1".to_string()),
+                        NotMigratable {
+                            reason: "DisksNotLiveMigratable".into(),
+                            message: "PVC disk0 is not shared".into(),
+                        },
+                    )]
+                    .into(),
+                    ..facts(vec![vm.clone()])
+                },
+                want: vec![
+                    "VirtualMachineInstance team-a/vm1 (pod virt-launcher-vm1-abcde) cannot \
+                     live-migrate, so the drain stops it or waits for it (its evictionStrategy \
+                     decides): DisksNotLiveMigratable: PVC disk0 is not shared"
+                        .into(),
+                ],
+            },
+            Case {
+                name: "migratable VMI (or no VMI facts): its virt-launcher emptyDirs say nothing",
+                facts: facts(vec![vm]),
+                want: vec![],
+            },
+            Case {
+                name: "slot taken, first line",
+                facts: Facts {
+                    slot_ahead: Some(vec!["nm-a".into(), "nm-b".into()]),
+                    ..facts(vec![bare("solo")])
+                },
+                want: vec![
+                    "will wait: 2 maintenance(s) ahead (nm-a, nm-b); the limit is \
+                     --max-concurrent-maintenances"
+                        .into(),
+                    BARE.into(),
+                ],
+            },
+            Case {
+                name: "what could not be checked comes last",
+                facts: Facts {
+                    unchecked: vec!["pods on node worker-1 not checked: timeout".into()],
+                    ..facts(vec![bare("solo")])
+                },
+                want: vec![
+                    BARE.into(),
+                    "pods on node worker-1 not checked: timeout".into(),
+                ],
+            },
+        ];
+        for c in cases {
+            assert_eq!(build(&c.facts), c.want, "case: {}", c.name);
+        }
+    }
+
+    #[test]
+    fn capped_with_a_count_of_the_rest() {
+        let pods = (0..25).map(|i| bare(&format!("p{i:02}"))).collect();
+        let w = build(&facts(pods));
+        assert_eq!(w.len(), MAX_WARNINGS + 1);
+        assert!(w[0].starts_with("pod team-a/p00 "), "{w:?}");
+        assert_eq!(w[MAX_WARNINGS], "... and 5 more");
+    }
+
+    #[test]
+    fn lines_are_printable_and_short() {
+        let l = one_line(&format!("a\nb\t{}", "x".repeat(500)));
+        assert!(l.starts_with("a b "), "{l}");
+        assert_eq!(l.chars().count(), MAX_LINE_CHARS);
+        assert!(l.ends_with("..."));
+        assert_eq!(one_line("short"), "short");
+    }
+
+    #[test]
+    fn slot_line_names_five_and_counts_the_rest() {
+        let names: Vec<String> = (1..=7).map(|i| format!("nm-{i}")).collect();
+        assert_eq!(
+            slot_line(&names[..1]),
+            "will wait: 1 maintenance(s) ahead (nm-1); the limit is --max-concurrent-maintenances"
+        );
+        assert_eq!(
+            slot_line(&names),
+            "will wait: 7 maintenance(s) ahead (nm-1, nm-2, nm-3, nm-4, nm-5 and 2 more); the \
+             limit is --max-concurrent-maintenances"
+        );
+    }
+
+    #[test]
+    fn facts_from_objects() {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "virt-launcher-vm1-x", "namespace": "ns",
+                "labels": {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": "vm1"},
+                "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                    "name": "vm1", "uid": "u", "controller": true}]},
+            "spec": {"containers": [], "volumes": [{"name": "private", "emptyDir": {}},
+                                                   {"name": "cfg", "configMap": {"name": "c"}}]},
+            "status": {"phase": "Running"}
+        }))
+        .expect("pod");
+        let f = PodFacts::of(&p);
+        assert_eq!(f.vmi.as_deref(), Some("vm1"));
+        assert!(f.has_controller && !f.daemonset && !f.mirror && !f.finished);
+        assert_eq!(f.empty_dirs, vec!["private".to_string()]);
+
+        let b: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "b", "namespace": "ns"},
+            "spec": {"selector": {}},
+            "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
+                       "expectedPods": 1}
+        }))
+        .expect("pdb");
+        assert!(
+            PdbFacts::of(&b).selector.is_none(),
+            "empty selector: nothing"
+        );
+
+        let vmi = serde_json::json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "LiveMigratable", "status": "False", "reason": "DisksNotLiveMigratable",
+             "message": "cannot migrate"}]}});
+        assert_eq!(
+            vmi_not_migratable(&vmi),
+            Some(NotMigratable {
+                reason: "DisksNotLiveMigratable".into(),
+                message: "cannot migrate".into()
+            })
+        );
+        let ok = serde_json::json!({"status": {"conditions": [
+            {"type": "LiveMigratable", "status": "True"}]}});
+        assert_eq!(vmi_not_migratable(&ok), None);
+        assert_eq!(vmi_not_migratable(&serde_json::json!({})), None);
+    }
+}
