@@ -18,8 +18,8 @@ pub mod namespace;
 pub mod nodes;
 pub mod probes;
 pub mod quorum;
-pub mod slots;
 pub mod shutdown;
+pub mod slots;
 pub mod telemetry;
 pub mod tls;
 pub mod version;
@@ -27,6 +27,6 @@ pub mod watch;
 pub mod zap;
 
 pub use crd::{
-    DrainTimeoutAction, MaintenancePhase, NodeMaintenance, NodeMaintenanceSpec, NodeMaintenanceStatus,
-    PodReference,
+    DrainTimeoutAction, MaintenancePhase, NodeMaintenance, NodeMaintenanceSpec,
+    NodeMaintenanceStatus, PodReference,
 };
