@@ -14,5 +14,4 @@ pub mod plan;
 pub mod queue_metrics;
 pub mod reconcile;
 pub mod serving;
-pub mod slots;
 pub mod watches;

@@ -15,7 +15,7 @@ use shared::consts::{
 };
 use shared::{DrainTimeoutAction, MaintenancePhase, NodeMaintenanceStatus as Status, PodReference};
 
-use crate::slots::{self, SlotDecision};
+use shared::slots::{self, SlotDecision};
 
 /// How soon to come back while pods are leaving on their own.
 pub const REQUEUE_TERMINATING: Duration = Duration::from_millis(500);
@@ -193,6 +193,9 @@ pub struct Round {
     pub remaining: Vec<PodReference>,
     /// Why some of them are stuck (PDB, eviction webhook), if any is.
     pub blocker: Option<String>,
+    /// Virt-launcher pods whose VM KubeVirt is live-migrating away: progress,
+    /// not a blocker (until it runs too long: then `blocker` names it).
+    pub migrating: Vec<PodReference>,
 }
 
 /// The status to write after a round, and when to come back.
@@ -224,15 +227,18 @@ pub fn after_round(status: &Status, round: Round) -> Next {
     st.pending_pods = round.remaining.iter().map(|p| p.name.clone()).collect();
     st.pending_pods_refs = round.remaining;
     let blocked = round.blocker.is_some();
+    // A migration takes its time: asking KubeVirt twice a second changes
+    // nothing, so come back as for a blocker (the pod's exit wakes us too).
+    let waiting = blocked || !round.migrating.is_empty();
     st.last_error = round.blocker.unwrap_or_default();
     Next {
         status: st,
-        requeue: if blocked {
+        requeue: if waiting {
             REQUEUE_BLOCKED
         } else {
             REQUEUE_TERMINATING
         },
-        refresh: blocked,
+        refresh: waiting,
     }
 }
 
@@ -558,10 +564,17 @@ mod tests {
         let blocked = |pods: &[&str]| Round {
             remaining: pods.iter().map(|p| pod(p)).collect(),
             blocker: Some("pod ns/a: eviction blocked by a PodDisruptionBudget".into()),
+            migrating: vec![],
         };
         let leaving = |pods: &[&str]| Round {
             remaining: pods.iter().map(|p| pod(p)).collect(),
             blocker: None,
+            migrating: vec![],
+        };
+        let migrating = |pods: &[&str]| Round {
+            remaining: pods.iter().map(|p| pod(p)).collect(),
+            blocker: None,
+            migrating: pods.iter().map(|p| pod(p)).collect(),
         };
         let with_error = |mut st: Status, e: &str| {
             st.last_error = e.into();
@@ -605,6 +618,16 @@ mod tests {
                     status: running(3, &["a", "b"], 33),
                     requeue: REQUEUE_TERMINATING,
                     refresh: false,
+                },
+            ),
+            (
+                "a VM live-migrating away: progress, no blocker, asked again in 5 s",
+                running(2, &["vm", "b"], 0),
+                migrating(&["vm"]),
+                Next {
+                    status: running(2, &["vm"], 50),
+                    requeue: REQUEUE_BLOCKED,
+                    refresh: true,
                 },
             ),
             (

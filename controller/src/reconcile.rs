@@ -28,7 +28,7 @@ use crate::metrics::{Metrics, ReconcileResult};
 use crate::node;
 use crate::node_lease::{LeaseError, NodeLeases};
 use crate::plan::{self, Admission, LeaseOutcome, LeaseStep, Lifecycle, REQUEUE_BLOCKED};
-use crate::slots;
+use shared::slots;
 
 /// When to reconcile again: `None` waits for a change (kube's
 /// `Action::await_change`), `Some(d)` comes back after `d`.
@@ -120,6 +120,7 @@ impl Ctx {
         metrics: Metrics,
         leadership: &Leadership,
     ) -> Ctx {
+        drain::set_migration_warning_after(cfg.migration_warning_after);
         Ctx {
             events: Events::new(client.clone(), crate::leadership::instance_name()),
             leases: NodeLeases::new(client.clone(), cfg.lease_namespace.clone()),
@@ -496,7 +497,14 @@ async fn maintain(
     let (round, mut left) = drain_round(ctx, &node_name).await?;
     let mut st = st;
     if deadline == plan::Deadline::Passed(DrainTimeoutAction::Force) {
-        left.retain(|p| p.metadata.deletion_timestamp.is_none());
+        // A VM being live-migrated is left to finish: deleting its pod
+        // would kill the VM.
+        left.retain(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && !drain::references(std::slice::from_ref(p))
+                    .first()
+                    .is_some_and(|r| round.migrating.contains(r))
+        });
         force_delete(ctx, nm, &node_name, &left, &mut st).await;
     }
     let cause = if round.blocker.is_some() {
@@ -595,12 +603,9 @@ async fn drain_round(
     )
     .await;
     for o in outcomes.values() {
-        match o {
-            PodOutcome::Evicted => ctx.metrics.eviction("evicted"),
-            PodOutcome::Gone => ctx.metrics.eviction("gone"),
-            PodOutcome::Blocked(_) => ctx.metrics.eviction("blocked"),
-            PodOutcome::Failed(_) => ctx.metrics.eviction("failed"),
-            PodOutcome::Terminating(_) => {}
+        // A terminating pod got no eviction request this round.
+        if !matches!(o, PodOutcome::Terminating(_)) {
+            ctx.metrics.eviction(drain::outcome_label(o));
         }
     }
     let left: Vec<_> = pods
@@ -616,6 +621,7 @@ async fn drain_round(
     let round = plan::Round {
         remaining: drain::references(&left),
         blocker: drain::blocker_summary(node_name, &outcomes),
+        migrating: drain::migrating(&outcomes),
     };
     Ok((round, left))
 }
