@@ -199,34 +199,9 @@ impl Config {
     }
 }
 
-/// Parse "10s", "250ms", "2m", "1h" or a bare number of seconds.
-pub fn parse_duration(value: &str) -> Result<Duration, String> {
-    let v = value.trim();
-    let split = v
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(v.len());
-    let (num, unit) = v.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {value:?}: expected e.g. 10s, 250ms, 2m"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1000.0,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        other => {
-            return Err(format!(
-                "invalid duration {value:?}: unknown unit {other:?}; use ms, s, m or h"
-            ));
-        }
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!(
-            "invalid duration {value:?}: must be a non-negative number"
-        ));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
+/// Durations of the flags: Go's syntax ("10s", "250ms", "1h30m") or a bare
+/// number of seconds; one parser for the whole project.
+pub use shared::duration::parse as parse_duration;
 
 #[cfg(test)]
 mod tests {
