@@ -14,7 +14,9 @@
 //! namespace or cluster-wide, resourceNames). Their requests are the audit
 //! events of that user since `--since` (tests/cluster/audit-policy.yaml logs
 //! them at Metadata level). It fails, naming each, on:
-//! - a request answered 403 "forbidden" (RBAC or an admission plugin said no);
+//! - a request the authorizer refused (403 with decision "forbid"; a 403 from
+//!   an admission plugin, e.g. a test's ValidatingAdmissionPolicy, is not a
+//!   privilege problem and is only listed);
 //! - a request no grant of the manifests covers (it only worked thanks to a
 //!   grant from elsewhere, e.g. a test), except what every authenticated user
 //!   may do (discovery, self-reviews);
@@ -447,11 +449,17 @@ struct Request {
     /// The authorizer's reason (audit annotation authorization.k8s.io/reason),
     /// e.g. which binding allowed it.
     reason: String,
+    /// The authorizer's decision (authorization.k8s.io/decision): "allow" or
+    /// "forbid"; empty in logs without it.
+    decision: String,
 }
 
 impl Request {
+    /// Refused by RBAC: a 403 the authorizer did not allow. A 403 of a
+    /// request the authorizer allowed came from admission (a policy or a
+    /// webhook said no), which no grant could change.
     fn forbidden(&self) -> bool {
-        self.code == Some(403)
+        self.code == Some(403) && self.decision != "allow"
     }
 
     fn describe(&self) -> String {
@@ -651,6 +659,11 @@ fn to_request(sa: &str, ev: &AuditEvent) -> Request {
         reason: ev
             .annotations
             .get("authorization.k8s.io/reason")
+            .cloned()
+            .unwrap_or_default(),
+        decision: ev
+            .annotations
+            .get("authorization.k8s.io/decision")
             .cloned()
             .unwrap_or_default(),
     }
@@ -1130,6 +1143,7 @@ subjects: [{kind: ServiceAccount, name: prometheus, namespace: mon}]
                 String::new()
             },
             reason: String::new(),
+            decision: if code == 403 { "forbid" } else { "allow" }.into(),
         }
     }
 
@@ -1225,6 +1239,15 @@ subjects: [{kind: ServiceAccount, name: prometheus, namespace: mon}]
                 "forbidden: op/ctrl was refused list pods (2x, first at 2026-01-01T00:00:00.000000Z): nope"
             ]
         );
+    }
+
+    #[test]
+    fn an_admission_denial_is_no_rbac_failure() {
+        let mut run = clean_run();
+        let mut denied = req("patch", "", "nodes", None, Some("n1"), 403);
+        denied.decision = "allow".into();
+        run.push(denied);
+        assert_eq!(failures(&run, ""), Vec::<String>::new());
     }
 
     #[test]
