@@ -46,7 +46,7 @@ undeploy-local: ## Stop the locally running webhook and controller
 demo: ## Local cluster + both services + a guided node maintenance
 	bash tests/deploy/demo.sh
 
-bench: ## Performance figures: webhook reviews/s and latency, controller drain time, log writers
+bench: ## Performance figures: webhook reviews/s and latency, controller drain time and resume after a PDB is deleted, log writers
 	bash tests/bench.sh
 	@echo "== log writers: ours against tracing-appender (shared/examples/log_writers.rs)"
 	cargo run --release -q -p nmo-shared --example log_writers -- 200000 3

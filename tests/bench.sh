@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: performance figures on the local control plane, printed (not
-# asserted): controller drain time / API requests / RSS, webhook throughput,
+# asserted): controller drain time / API requests / RSS, how soon a drain
+# blocked by a PodDisruptionBudget finishes once the PDB is deleted, webhook throughput,
 # how soon after a kube-apiserver restart the controller finishes its work.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -55,6 +55,14 @@ pub struct Config {
     #[arg(long, env = "LEASE_NAMESPACE", default_value = shared::consts::LEASE_NAMESPACE_DEFAULT)]
     pub lease_namespace: String,
 
+    /// How soon a blocked drain (PodDisruptionBudget, eviction webhook, a
+    /// foreign lease) or a failed reconcile retries on its own (upstream's 5s).
+    /// A PDB that starts allowing a disruption, or a pod leaving a node under
+    /// maintenance, retries a drain at once anyway; this is the backstop.
+    /// Go duration syntax: 5s, 500ms, 1m.
+    #[arg(long, env = "BLOCKED_RETRY_INTERVAL", default_value = "5s", value_parser = positive_duration)]
+    pub blocked_retry_interval: Duration,
+
     /// A KubeVirt VM being live-migrated off the node (KubeVirt answered the
     /// eviction of its virt-launcher pod with "evacuation") is drain progress,
     /// not a blocker, until the migration has run this long; then lastError
@@ -139,6 +147,34 @@ mod tests {
             .expect_err("not a Go bool")
             .to_string();
         assert!(err.contains("--leader-elect"), "{err}");
+    }
+
+    #[test]
+    fn blocked_retry_interval() {
+        let d = |args: &[&str]| parse(args).map(|c| c.blocked_retry_interval);
+        assert_eq!(
+            d(&[]).expect("default"),
+            Duration::from_secs(5),
+            "upstream's"
+        );
+        assert_eq!(
+            d(&["--blocked-retry-interval=60s"]).expect("60s"),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            d(&["-blocked-retry-interval", "1m30s"]).expect("1m30s"),
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            d(&["--blocked-retry-interval=500ms"]).expect("500ms"),
+            Duration::from_millis(500)
+        );
+        for bad in ["0s", "-5s", "5", "soon"] {
+            let err = d(&[&format!("--blocked-retry-interval={bad}")])
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("--blocked-retry-interval"), "{bad}: {err}");
+        }
     }
 
     #[test]

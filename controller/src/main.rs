@@ -11,7 +11,7 @@ use shared::probes::Readiness;
 
 use nmo_controller::config::Config;
 use nmo_controller::reconcile::{Ctx, MAX_CONCURRENT_RECONCILES, error_policy, reconcile};
-use nmo_controller::{leadership, metrics, serving, watches};
+use nmo_controller::{blockers, leadership, metrics, serving, watches};
 
 #[tokio::main]
 async fn main() {
@@ -44,12 +44,10 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let stop = readiness.fail_after(signals.requested());
     let (queue, limit) = (ctx.metrics.queue.clone(), MAX_CONCURRENT_RECONCILES);
     ctx.metrics.set_max_concurrent_reconciles(limit.into());
-    let won = watches::reconcile_all(
-        leadership.acquired(ctx.metrics.clone()),
-        store.clone(),
-        queue.clone(),
-    );
-    let relisted = watches::reconcile_all(relisted, store.clone(), queue.clone());
+    // Won the Lease, or the NodeMaintenance watch listed again: reconcile all.
+    let everything = futures::stream::select(leadership.acquired(ctx.metrics.clone()), relisted);
+    let everything = watches::reconcile_all(everything, store.clone(), queue.clone());
+    let unblocked = blockers::wakes(client.clone(), store.clone(), queue.clone());
     let nodes = watches::nodes(client);
     let controller = Controller::for_stream(nms, store.clone())
         .with_config(controller::Config::default().concurrency(limit))
@@ -57,8 +55,8 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         // within 0.1-2 s (shared::watch).
         .trigger_backoff(shared::watch::reconnect_backoff())
         .watches_stream(nodes, move |n| watches::maintenances_of(&store, &n, &queue))
-        .reconcile_all_on(won)
-        .reconcile_all_on(relisted)
+        .reconcile_all_on(everything)
+        .reconcile_on(unblocked)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async {

@@ -172,7 +172,7 @@ pub fn reconcile_all<S: Stream<Item = ()> + Send + 'static>(
 }
 
 /// A watch failed; it reconnects on its own (see `shared::watch`).
-fn log_watch_error(resource: &str, e: &watcher::Error) {
+pub(crate) fn log_watch_error(resource: &str, e: &watcher::Error) {
     if matches!(e, watcher::Error::WatchError(s) if s.code == 410) {
         tracing::info!(
             error = %e,

@@ -1,0 +1,488 @@
+//! What holds a drain back, watched, so that a blocked drain retries the
+//! moment its blocker clears instead of on its next poll (upstream polls every
+//! 5 s, `plan::REQUEUE_BLOCKED`; that poll stays as the backstop for whatever
+//! is not watched here: an eviction webhook, a missed event).
+//!
+//! A wake-up is a NodeMaintenance fed to the Controller (`reconcile_on`) and
+//! counted as a workqueue add, like every other trigger (see `watches`).
+//!
+//! - **PodDisruptionBudgets**: one cluster-wide watch. PDBs are few (one per
+//!   workload at most) and kube's `metadata_watcher` would not do: what
+//!   matters is `status.disruptionsAllowed`. No cache: two facts per PDB are
+//!   kept (its generation, whether it allows a disruption). A PDB that allows a
+//!   disruption where it did not, whose spec changed (its selector may no
+//!   longer pick the pod), or that was deleted, wakes every Running
+//!   maintenance with a pending pod (`status.pendingPodsRefs`) in its
+//!   namespace.
+//! - **Pods**: no cluster-wide pod watch, cached or not: at 30,000 pods every
+//!   pod change of the cluster would be sent and decoded, to keep a handful.
+//!   Instead, one metadata-only watch per node under maintenance (field
+//!   selector `spec.nodeName=<node>`), started once its NodeMaintenance is
+//!   Running and stopped once it no longer is (Succeeded, Failed, deleted),
+//!   keeping nothing. A pod deleted there (evicted and terminated, or deleted
+//!   by someone) that the maintenance still waits for wakes it. Memory grows
+//!   with the nodes being drained at once (1 by default), not with the
+//!   cluster; at most [`MAX_POD_WATCHES`] such watches run, further nodes rely
+//!   on the poll. Which nodes are under maintenance is read from the
+//!   NodeMaintenance cache once a second (no request), so a node's watch
+//!   starts within a second of its maintenance becoming Running; the drain's
+//!   own requeues cover that second.
+//! - **Lost track**: a watch that had to list again (410 Gone, a failed
+//!   watch) may have missed a deletion: a re-listed PDB watch wakes the
+//!   namespaces of the PDBs that vanished meanwhile, a re-listed pod watch
+//!   wakes its node's maintenance.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{AbortHandle, BoxStream, SelectAll};
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use shared::{MaintenancePhase, NodeMaintenance};
+
+use crate::queue_metrics::WorkQueue;
+use crate::watches::log_watch_error;
+
+/// Nodes whose pods are watched at once; maintenances beyond rely on the poll.
+pub const MAX_POD_WATCHES: usize = 64;
+
+/// How often the set of watched nodes follows the NodeMaintenance cache.
+const FOLLOW_MAINTENANCES: Duration = Duration::from_secs(1);
+
+type WatchEvent<K> = Result<watcher::Event<K>, watcher::Error>;
+
+/// The NodeMaintenances to reconcile now because what blocked their drain
+/// may have cleared (see the module docs). Each is counted in `queue`.
+pub fn wakes(
+    client: Client,
+    store: Store<NodeMaintenance>,
+    queue: WorkQueue,
+) -> impl Stream<Item = ObjectRef<NodeMaintenance>> + Send + 'static {
+    let pdbs = watcher(
+        Api::<PodDisruptionBudget>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .backoff(shared::watch::reconnect_backoff())
+    .boxed();
+    let state = Blockers {
+        client,
+        store,
+        queue,
+        pdbs,
+        pdb_facts: Pdbs::default(),
+        pods: SelectAll::new(),
+        watched: BTreeMap::new(),
+        over_limit_logged: false,
+        ready: VecDeque::new(),
+    };
+    futures::stream::unfold(
+        (state, None::<tokio::time::Interval>),
+        |(mut s, tick)| async move {
+            let mut tick = tick.unwrap_or_else(|| {
+                let mut t = tokio::time::interval(FOLLOW_MAINTENANCES);
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                t
+            });
+            loop {
+                if let Some(nm) = s.ready.pop_front() {
+                    return Some((nm, (s, Some(tick))));
+                }
+                tokio::select! {
+                    _ = tick.tick() => s.follow_maintenances(),
+                    Some(e) = s.pdbs.next() => s.on_pdb(e),
+                    Some((node, e)) = s.pods.next(), if !s.pods.is_empty() => s.on_pod(&node, e),
+                }
+            }
+        },
+    )
+}
+
+struct Blockers {
+    client: Client,
+    store: Store<NodeMaintenance>,
+    queue: WorkQueue,
+    pdbs: BoxStream<'static, WatchEvent<PodDisruptionBudget>>,
+    pdb_facts: Pdbs,
+    /// The pod watches of the nodes in `watched`, each event with its node.
+    pods: SelectAll<BoxStream<'static, (String, WatchEvent<PartialObjectMeta<Pod>>)>>,
+    watched: BTreeMap<String, PodWatch>,
+    over_limit_logged: bool,
+    ready: VecDeque<ObjectRef<NodeMaintenance>>,
+}
+
+struct PodWatch {
+    stop: AbortHandle,
+    /// Its first full list is done: a later one means it had lost track.
+    listed: bool,
+}
+
+impl Blockers {
+    fn wake(&mut self, nm: &NodeMaintenance, why: &str) {
+        let name = nm.name_any();
+        tracing::debug!(nodemaintenance = %name, node = %nm.spec.node_name, "{why}: retrying the drain now");
+        self.queue.added(&name, Duration::ZERO);
+        self.ready.push_back(ObjectRef::from_obj(nm));
+    }
+
+    fn on_pdb(&mut self, event: WatchEvent<PodDisruptionBudget>) {
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => return log_watch_error("poddisruptionbudgets.policy", &e),
+        };
+        for cleared in self.pdb_facts.on_event(event) {
+            let why = format!(
+                "PodDisruptionBudget {}/{} {}",
+                cleared.namespace, cleared.name, cleared.what
+            );
+            for nm in waiting_in_namespace(&self.store.state(), &cleared.namespace) {
+                self.wake(&nm, &why);
+            }
+        }
+    }
+
+    fn on_pod(&mut self, node: &str, event: WatchEvent<PartialObjectMeta<Pod>>) {
+        match event {
+            Ok(watcher::Event::Delete(pod)) => {
+                let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+                let why = format!("pod {ns}/{name} left node {node}");
+                for nm in waiting_for_pod(&self.store.state(), node, &ns, &name) {
+                    self.wake(&nm, &why);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                let Some(w) = self.watched.get_mut(node) else {
+                    return;
+                };
+                if !std::mem::replace(&mut w.listed, true) {
+                    tracing::debug!(%node, "watching the pods of node {node} under maintenance");
+                    return;
+                }
+                let why = format!("the pod watch of node {node} listed again (it had lost track)");
+                for nm in draining(&self.store.state()).filter(|nm| nm.spec.node_name == node) {
+                    self.wake(nm, &why);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => log_watch_error(&format!("pods (spec.nodeName={node})"), &e),
+        }
+    }
+
+    /// Start the pod watch of each node that came under maintenance, stop
+    /// those of nodes whose maintenance ended.
+    fn follow_maintenances(&mut self) {
+        let want: BTreeSet<String> = draining(&self.store.state())
+            .map(|nm| nm.spec.node_name.clone())
+            .collect();
+        self.watched.retain(|node, w| {
+            let keep = want.contains(node);
+            if !keep {
+                w.stop.abort();
+                tracing::debug!(%node, "no maintenance drains node {node} any more: its pod watch stops");
+            }
+            keep
+        });
+        for node in want {
+            if self.watched.contains_key(&node) {
+                continue;
+            }
+            if self.watched.len() >= MAX_POD_WATCHES {
+                if !std::mem::replace(&mut self.over_limit_logged, true) {
+                    tracing::info!(%node, "pods already watched on {MAX_POD_WATCHES} nodes under maintenance; node {node} and further ones retry blocked drains on their poll only");
+                }
+                return;
+            }
+            let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+            let (pods, stop) = futures::stream::abortable(
+                watcher(Api::<PartialObjectMeta<Pod>>::all(self.client.clone()), wc)
+                    .backoff(shared::watch::reconnect_backoff()),
+            );
+            let of = node.clone();
+            self.pods.push(pods.map(move |e| (of.clone(), e)).boxed());
+            self.watched.insert(
+                node,
+                PodWatch {
+                    stop,
+                    listed: false,
+                },
+            );
+        }
+        self.over_limit_logged = false;
+    }
+}
+
+/// Maintenances whose drain is under way: Running, not being deleted.
+fn draining(nms: &[Arc<NodeMaintenance>]) -> impl Iterator<Item = &Arc<NodeMaintenance>> {
+    nms.iter().filter(|nm| {
+        nm.metadata.deletion_timestamp.is_none() && nm.phase() == Some(&MaintenancePhase::Running)
+    })
+}
+
+fn pending(nm: &NodeMaintenance) -> &[shared::PodReference] {
+    nm.status
+        .as_ref()
+        .map_or(&[], |s| s.pending_pods_refs.as_slice())
+}
+
+/// Draining maintenances with a pending pod in `namespace`.
+fn waiting_in_namespace(
+    nms: &[Arc<NodeMaintenance>],
+    namespace: &str,
+) -> Vec<Arc<NodeMaintenance>> {
+    draining(nms)
+        .filter(|nm| pending(nm).iter().any(|p| p.namespace == namespace))
+        .cloned()
+        .collect()
+}
+
+/// Draining maintenances of `node` still waiting for pod `namespace/name`.
+fn waiting_for_pod(
+    nms: &[Arc<NodeMaintenance>],
+    node: &str,
+    namespace: &str,
+    name: &str,
+) -> Vec<Arc<NodeMaintenance>> {
+    draining(nms)
+        .filter(|nm| nm.spec.node_name == node)
+        .filter(|nm| {
+            pending(nm)
+                .iter()
+                .any(|p| p.namespace == namespace && p.name == name)
+        })
+        .cloned()
+        .collect()
+}
+
+/// What is kept of one PodDisruptionBudget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PdbFacts {
+    generation: Option<i64>,
+    allows: bool,
+}
+
+impl PdbFacts {
+    fn of(pdb: &PodDisruptionBudget) -> PdbFacts {
+        PdbFacts {
+            generation: pdb.metadata.generation,
+            allows: pdb
+                .status
+                .as_ref()
+                .is_some_and(|s| s.disruptions_allowed > 0),
+        }
+    }
+}
+
+/// A PodDisruptionBudget that may no longer block an eviction.
+#[derive(Debug, PartialEq, Eq)]
+struct Cleared {
+    namespace: String,
+    name: String,
+    what: &'static str,
+}
+
+/// The PDB watch's memory: [`PdbFacts`] by (namespace, name).
+#[derive(Default)]
+struct Pdbs {
+    known: HashMap<(String, String), PdbFacts>,
+    /// During a full list: the PDBs it has shown so far.
+    listing: Option<HashSet<(String, String)>>,
+}
+
+impl Pdbs {
+    fn on_event(&mut self, event: watcher::Event<PodDisruptionBudget>) -> Vec<Cleared> {
+        match event {
+            watcher::Event::Init => {
+                self.listing = Some(HashSet::new());
+                vec![]
+            }
+            watcher::Event::InitApply(pdb) => {
+                let key = key(&pdb);
+                if let Some(seen) = &mut self.listing {
+                    seen.insert(key.clone());
+                }
+                self.applied(key, PdbFacts::of(&pdb))
+            }
+            watcher::Event::Apply(pdb) => self.applied(key(&pdb), PdbFacts::of(&pdb)),
+            watcher::Event::Delete(pdb) => {
+                let key = key(&pdb);
+                self.known.remove(&key);
+                vec![cleared(key, "was deleted")]
+            }
+            watcher::Event::InitDone => {
+                let seen = self.listing.take().unwrap_or_default();
+                let gone: Vec<_> = self
+                    .known
+                    .keys()
+                    .filter(|k| !seen.contains(*k))
+                    .cloned()
+                    .collect();
+                gone.into_iter()
+                    .map(|k| {
+                        self.known.remove(&k);
+                        cleared(k, "was deleted (seen on a new full list)")
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// A PDB seen for the first time blocks nothing new; a known one clears
+    /// the way when it starts allowing a disruption or its spec changes.
+    fn applied(&mut self, key: (String, String), now: PdbFacts) -> Vec<Cleared> {
+        let what = match self.known.insert(key.clone(), now) {
+            Some(before) if now.allows && !before.allows => "allows a disruption now",
+            Some(before) if now.generation != before.generation => "changed its spec",
+            _ => return vec![],
+        };
+        vec![cleared(key, what)]
+    }
+}
+
+fn key(pdb: &PodDisruptionBudget) -> (String, String) {
+    (pdb.namespace().unwrap_or_default(), pdb.name_any())
+}
+
+fn cleared((namespace, name): (String, String), what: &'static str) -> Cleared {
+    Cleared {
+        namespace,
+        name,
+        what,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use watcher::Event;
+
+    fn pdb(ns: &str, name: &str, generation: i64, allowed: i32) -> PodDisruptionBudget {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": ns, "name": name, "generation": generation},
+            "status": {"disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}
+        }))
+        .expect("pdb json")
+    }
+
+    fn what(v: Vec<Cleared>) -> Vec<String> {
+        v.into_iter()
+            .map(|c| format!("{}/{} {}", c.namespace, c.name, c.what))
+            .collect()
+    }
+
+    #[test]
+    fn a_pdb_clears_the_way_when_it_starts_allowing_changes_or_goes() {
+        let mut p = Pdbs::default();
+        let listed = [
+            Event::Init,
+            Event::InitApply(pdb("a", "web", 1, 0)),
+            Event::InitApply(pdb("b", "db", 1, 1)),
+            Event::InitDone,
+        ];
+        for e in listed {
+            assert!(p.on_event(e).is_empty(), "a first list wakes nothing");
+        }
+        // Status churn that still allows nothing, or still allows: nothing new.
+        assert!(p.on_event(Event::Apply(pdb("a", "web", 1, 0))).is_empty());
+        assert!(p.on_event(Event::Apply(pdb("b", "db", 1, 2))).is_empty());
+        assert_eq!(
+            what(p.on_event(Event::Apply(pdb("a", "web", 1, 1)))),
+            ["a/web allows a disruption now"]
+        );
+        assert!(p.on_event(Event::Apply(pdb("a", "web", 1, 0))).is_empty());
+        assert_eq!(
+            what(p.on_event(Event::Apply(pdb("a", "web", 2, 0)))),
+            ["a/web changed its spec"]
+        );
+        assert_eq!(
+            what(p.on_event(Event::Delete(pdb("b", "db", 1, 2)))),
+            ["b/db was deleted"]
+        );
+        // A new PDB only adds a constraint.
+        assert!(p.on_event(Event::Apply(pdb("c", "new", 1, 0))).is_empty());
+    }
+
+    #[test]
+    fn a_new_full_list_names_the_pdbs_deleted_meanwhile() {
+        let mut p = Pdbs::default();
+        for e in [
+            Event::Init,
+            Event::InitApply(pdb("a", "web", 1, 0)),
+            Event::InitApply(pdb("b", "db", 1, 0)),
+            Event::InitDone,
+        ] {
+            p.on_event(e);
+        }
+        let mut woken = vec![];
+        for e in [
+            Event::Init,
+            Event::InitApply(pdb("a", "web", 1, 1)),
+            Event::InitDone,
+        ] {
+            woken.extend(what(p.on_event(e)));
+        }
+        assert_eq!(
+            woken,
+            [
+                "a/web allows a disruption now",
+                "b/db was deleted (seen on a new full list)"
+            ]
+        );
+        assert_eq!(p.known.len(), 1);
+    }
+
+    fn nm(name: &str, node: &str, phase: &str, pending: &[(&str, &str)]) -> Arc<NodeMaintenance> {
+        let refs: Vec<_> = pending
+            .iter()
+            .map(|(ns, n)| json!({"namespace": ns, "name": n}))
+            .collect();
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+                "kind": "NodeMaintenance",
+                "metadata": {"name": name},
+                "spec": {"nodeName": node},
+                "status": {"phase": phase, "pendingPodsRefs": refs}
+            }))
+            .expect("nm json"),
+        )
+    }
+
+    fn names(v: Vec<Arc<NodeMaintenance>>) -> Vec<String> {
+        v.iter().map(|nm| nm.name_any()).collect()
+    }
+
+    #[test]
+    fn events_map_to_the_draining_maintenances_they_concern() {
+        let mut deleting = (*nm("d", "w4", "Running", &[("shop", "x")])).clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        let nms = vec![
+            nm("a", "w1", "Running", &[("shop", "web-1"), ("db", "pg-0")]),
+            nm("b", "w2", "Running", &[("db", "pg-1")]),
+            nm("c", "w3", "Succeeded", &[("shop", "web-2")]),
+            Arc::new(deleting),
+        ];
+        assert_eq!(names(waiting_in_namespace(&nms, "shop")), ["a"]);
+        assert_eq!(names(waiting_in_namespace(&nms, "db")), ["a", "b"]);
+        assert!(waiting_in_namespace(&nms, "other").is_empty());
+        assert_eq!(names(waiting_for_pod(&nms, "w1", "db", "pg-0")), ["a"]);
+        assert!(
+            waiting_for_pod(&nms, "w1", "db", "pg-1").is_empty(),
+            "not pending there"
+        );
+        assert!(
+            waiting_for_pod(&nms, "w2", "shop", "web-1").is_empty(),
+            "another node"
+        );
+        let nodes: Vec<_> = draining(&nms).map(|nm| nm.spec.node_name.clone()).collect();
+        assert_eq!(nodes, ["w1", "w2"], "Running and not being deleted");
+    }
+}
