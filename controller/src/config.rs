@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
-use k8s_openapi::jiff::SignedDuration;
 use shared::consts::LEADER_ELECTION_LEASE_NAME;
 use shared::goflags::go_bool;
 use shared::telemetry::RuntimeFlags;
@@ -73,13 +72,11 @@ pub struct Config {
 
 /// A duration in Go's syntax ("5s", "500ms", "1m30s"), above zero.
 fn positive_duration(value: &str) -> Result<Duration, String> {
-    let d: SignedDuration = value
-        .parse()
-        .map_err(|e| format!("invalid duration {value:?} (e.g. 5s, 500ms, 1m): {e}"))?;
-    Duration::try_from(d)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("invalid duration {value:?}: must be above zero"))
+    let d = shared::duration::parse(value)?;
+    if d.is_zero() {
+        return Err(format!("invalid duration {value:?}: must be above zero"));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

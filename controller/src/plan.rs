@@ -19,7 +19,8 @@ use shared::slots::{self, SlotDecision};
 
 /// How soon to come back while pods are leaving on their own.
 pub const REQUEUE_TERMINATING: Duration = Duration::from_millis(500);
-/// How soon to come back when something blocks (PDB, foreign lease): upstream's 5 s.
+/// How soon to come back when something blocks (PDB, foreign lease): upstream's
+/// 5 s, the default of --blocked-retry-interval.
 pub const REQUEUE_BLOCKED: Duration = Duration::from_secs(DRAIN_REQUEUE_SECS);
 /// How often a waiting NodeMaintenance re-checks for a free slot (reads the cache only).
 pub const REQUEUE_PENDING: Duration = Duration::from_secs(2);
@@ -208,7 +209,10 @@ pub struct Next {
     pub refresh: bool,
 }
 
-pub fn after_round(status: &Status, round: Round) -> Next {
+/// `blocked_retry`: when to look again while something is in the way
+/// (`--blocked-retry-interval`, upstream's 5 s by default; watches of PDBs
+/// and pods usually wake the drain much sooner).
+pub fn after_round(status: &Status, round: Round, blocked_retry: Duration) -> Next {
     let mut st = status.clone();
     if round.remaining.is_empty() {
         st.phase = Some(MaintenancePhase::Succeeded);
@@ -234,7 +238,7 @@ pub fn after_round(status: &Status, round: Round) -> Next {
     Next {
         status: st,
         requeue: if waiting {
-            REQUEUE_BLOCKED
+            blocked_retry
         } else {
             REQUEUE_TERMINATING
         },
@@ -642,7 +646,7 @@ mod tests {
             ),
         ];
         for (name, status, round, want) in cases {
-            assert_eq!(after_round(&status, round), want, "{name}");
+            assert_eq!(after_round(&status, round, REQUEUE_BLOCKED), want, "{name}");
         }
     }
 

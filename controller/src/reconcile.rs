@@ -27,7 +27,7 @@ use crate::leadership::Leadership;
 use crate::metrics::{Metrics, ReconcileResult};
 use crate::node;
 use crate::node_lease::{LeaseError, NodeLeases};
-use crate::plan::{self, Admission, LeaseOutcome, LeaseStep, Lifecycle, REQUEUE_BLOCKED};
+use crate::plan::{self, Admission, LeaseOutcome, LeaseStep, Lifecycle};
 use shared::slots;
 
 /// When to reconcile again: `None` waits for a change (kube's
@@ -110,6 +110,8 @@ pub struct Ctx {
     pub leadership: Leadership,
     /// Conflicts in a row per NodeMaintenance (see `error_policy`).
     pub conflicts: ConflictStreaks,
+    /// When to look again while something blocks (--blocked-retry-interval).
+    pub blocked_retry: Duration,
 }
 
 impl Ctx {
@@ -132,6 +134,7 @@ impl Ctx {
             max_concurrent_evictions: cfg.max_concurrent_evictions,
             leadership: leadership.clone(),
             conflicts: ConflictStreaks::default(),
+            blocked_retry: cfg.blocked_retry_interval,
         }
     }
 
@@ -228,8 +231,8 @@ pub fn error_policy(nm: Arc<NodeMaintenance>, err: &Error, ctx: Arc<Ctx>) -> Act
         nodemaintenance = %nm.name_any(), node = %nm.spec.node_name,
         error = %err, kind = err.kind(), "reconcile failed; retrying"
     );
-    ctx.metrics.requeued(&nm.name_any(), REQUEUE_BLOCKED);
-    Action::requeue(REQUEUE_BLOCKED)
+    ctx.metrics.requeued(&nm.name_any(), ctx.blocked_retry);
+    Action::requeue(ctx.blocked_retry)
 }
 
 fn status_of(nm: &NodeMaintenance) -> NodeMaintenanceStatus {
@@ -462,7 +465,7 @@ async fn maintain(
         LeaseStep::Retry(st) => {
             let why = Why::new(cause, node::is_in_maintenance(node)).refreshed();
             write_status(ctx, nm, st, why).await?;
-            return Ok(Some(REQUEUE_BLOCKED));
+            return Ok(Some(ctx.blocked_retry));
         }
         LeaseStep::GiveUp(st) => {
             tracing::error!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error,
@@ -512,7 +515,7 @@ async fn maintain(
     } else {
         Cause::Progress
     };
-    let next = plan::after_round(&st, round);
+    let next = plan::after_round(&st, round, ctx.blocked_retry);
     let done = next.status.phase == Some(shared::MaintenancePhase::Succeeded)
         && st.phase != Some(shared::MaintenancePhase::Succeeded);
     let mut why = Why::new(cause, true);

@@ -7,8 +7,8 @@ use std::time::Duration;
 /// The CRD schema pattern of a Go duration (non-negative; "0" allowed).
 pub const GO_DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$";
 
-/// Parse a non-negative Go duration. A bare number is taken as seconds (the
-/// services' flags have always accepted "10" for 10 s).
+/// Parse a non-negative Go duration. As Go, a number needs a unit ("0"
+/// aside): "10" is refused, not guessed.
 pub fn parse(value: &str) -> Result<Duration, String> {
     let v = value.trim();
     let bad = |why: &str| {
@@ -17,8 +17,11 @@ pub fn parse(value: &str) -> Result<Duration, String> {
     if v.is_empty() {
         return Err(bad("empty"));
     }
-    if let Ok(secs) = v.parse::<f64>() {
-        return seconds(secs).ok_or_else(|| bad("must be a non-negative number"));
+    if v == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if v.parse::<f64>().is_ok() {
+        return Err(bad("a number without a unit"));
     }
     let mut total = 0f64;
     let mut rest = v;
@@ -91,14 +94,15 @@ mod tests {
             ("250ms", 0.25),
             ("2m3s", 123.0),
             ("0", 0.0),
-            ("10", 10.0),
             ("1h0m0s", 3600.0),
             ("500us", 0.0005),
             ("500µs", 0.0005),
         ] {
             assert_eq!(parse(text), Ok(Duration::from_secs_f64(secs)), "{text}");
         }
-        for bad in ["", "ten", "5d", "-1s", "1h-3m", "s", "1.2.3s", "10 s"] {
+        for bad in [
+            "", "ten", "5d", "-1s", "1h-3m", "s", "1.2.3s", "10 s", "10", "1.5",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?} must be refused");
         }
     }

@@ -199,8 +199,8 @@ impl Config {
     }
 }
 
-/// Durations of the flags: Go's syntax ("10s", "250ms", "1h30m") or a bare
-/// number of seconds; one parser for the whole project.
+/// Durations of the flags, in Go's syntax ("10s", "250ms", "1h30m"); one
+/// parser for the whole project.
 pub use shared::duration::parse as parse_duration;
 
 #[cfg(test)]
@@ -323,7 +323,7 @@ mod tests {
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("3").is_err(), "a unit is needed, as in Go");
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("5d").is_err());
     }
