@@ -6,10 +6,9 @@
 //! writes what they decide (fields, owner references) and deletes what it
 //! should.
 //!
-//! Not covered here: LEASE_NAMESPACE naming a namespace that does not exist.
-//! The controller then creates it (controller/src/node_lease.rs), but the
-//! manifests' RBAC does not let it create namespaces or touch leases outside
-//! medik8s-leases, and the suite's RBAC audit fails on any forbidden answer.
+//! LEASE_NAMESPACE naming a namespace that does not exist: the controller
+//! creates it (with a test ServiceAccount granted that, since the manifests
+//! create medik8s-leases themselves and grant no namespace creation).
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
@@ -299,5 +298,141 @@ async fn lease_naming_no_holder() {
         .expect("holder cleared");
     end(&env, &env.n("a")).await;
     wait_lease_gone(&env, &target).await;
+    env.teardown().await;
+}
+
+/// LEASE_NAMESPACE naming a namespace that does not exist yet: the controller
+/// creates it before the first lease, as upstream does. The manifests do not
+/// grant that (they create medik8s-leases themselves; README "Security"), so
+/// this controller runs as a test ServiceAccount bound to the manifests'
+/// ClusterRole plus what an admin moving the leases grants: creating
+/// namespaces and writing leases there. (The suite's RBAC audit examines the
+/// manifests' own ServiceAccounts only.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_namespace_from_the_environment_is_created_when_missing() {
+    let mut env = Env::new("lease-ns", 1).await;
+    if let Some(mut c) = env.ctrl.take() {
+        c.proc.kill();
+    }
+    let client = env.client();
+    let group = env.bed.group.clone();
+    let sa_ns = env.bed.namespace.clone();
+    let lease_ns = format!("{group}-leases");
+    let rbac = format!(
+        r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: lease-ns-controller, namespace: {sa_ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {group}-moved-leases}}
+rules:
+  - apiGroups: [""]
+    resources: ["namespaces"]
+    verbs: ["create"]
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    verbs: ["get", "create", "update", "delete"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {group}-moved-leases}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {group}-moved-leases}}
+subjects: [{{kind: ServiceAccount, name: lease-ns-controller, namespace: {sa_ns}}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {group}-controller}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nmo-controller}}
+subjects: [{{kind: ServiceAccount, name: lease-ns-controller, namespace: {sa_ns}}}]
+"#
+    );
+    nmo_tests::manifests::apply_yaml(&client, &rbac)
+        .await
+        .expect("test RBAC");
+    nmo_tests::manifests::wait_bindings_effective(&client, "moved leases", &rbac)
+        .await
+        .expect("bindings effective");
+    let kubeconfig = env
+        .kubeconfig
+        .with_file_name(format!("{group}-moved.kubeconfig"));
+    nmo_tests::process::service_account_kubeconfig(
+        &client,
+        &sa_ns,
+        "lease-ns-controller",
+        &kubeconfig,
+    )
+    .await
+    .expect("kubeconfig");
+    let mut ctrl = nmo_tests::deployment::Launch::new("base", "nmo-controller")
+        .extra_args([
+            format!(
+                "--nodemaintenance-selector={}={group}",
+                nmo_tests::fixtures::GROUP_KEY
+            ),
+            "--leader-elect=false".to_string(),
+        ])
+        .env("LEASE_NAMESPACE", &lease_ns)
+        .kubeconfig(&kubeconfig)
+        .start(&client)
+        .await
+        .expect("controller starts");
+    ctrl.wait_ready(LONG).await.expect("controller Ready");
+
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    assert!(namespaces.get_opt(&lease_ns).await.expect("read").is_none());
+    let target = env.target().await;
+    let name = env.n("a");
+    env.create_nm(&name, &target).await;
+    env.wait_phase(&name, MaintenancePhase::Succeeded).await;
+    assert!(
+        namespaces.get_opt(&lease_ns).await.expect("read").is_some(),
+        "namespace {lease_ns} created"
+    );
+    let moved: Api<Lease> = Api::namespaced(client.clone(), &lease_ns);
+    let lease = moved
+        .get(&format!("node-{target}"))
+        .await
+        .expect("the lease lives in LEASE_NAMESPACE");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some(OURS)
+    );
+    assert!(
+        leases(&env)
+            .get_opt(&format!("node-{target}"))
+            .await
+            .expect("read")
+            .is_none(),
+        "nothing in medik8s-leases"
+    );
+    env.nms()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.wait_gone(&name).await;
+    assert!(
+        moved
+            .get_opt(&format!("node-{target}"))
+            .await
+            .expect("read")
+            .is_none(),
+        "released"
+    );
+
+    ctrl.proc.kill();
+    let _ = namespaces.delete(&lease_ns, &DeleteParams::default()).await;
+    for crb in [
+        format!("{group}-moved-leases"),
+        format!("{group}-controller"),
+    ] {
+        let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone())
+            .delete(&crb, &DeleteParams::default())
+            .await;
+    }
+    let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone())
+        .delete(&format!("{group}-moved-leases"), &DeleteParams::default())
+        .await;
     env.teardown().await;
 }
