@@ -4,6 +4,9 @@
 #
 #   tests/cluster/add-nodes.sh N [PREFIX]     # PREFIX defaults to "worker"
 #
+# Waits 120 s + N/2 s at most (NODE_TIMEOUT=S overrides), printing progress
+# every 5 s.
+#
 # Names continue after the highest existing PREFIX-<k> (worker-4, worker-5, ...),
 # so running it twice adds 2N nodes. Prints the new node names, one per line.
 set -euo pipefail
@@ -34,5 +37,8 @@ names=()
 for ((i = max + 1; i <= max + count; i++)); do names+=("$prefix-$i"); done
 
 create_nodes worker "${names[@]}"
-wait_nodes_ready "${NODE_TIMEOUT:-120}" "${names[@]}" || die "new nodes did not become Ready"
+# The wait grows with the count: kwok and the node lifecycle controller take
+# a few minutes for a thousand nodes on two cores (NODE_TIMEOUT overrides).
+timeout="${NODE_TIMEOUT:-$((120 + count / 2))}"
+wait_nodes_ready "$timeout" "${names[@]}" || die "new nodes did not become Ready within ${timeout} s (NODE_TIMEOUT)"
 printf '%s\n' "${names[@]}"

@@ -271,31 +271,34 @@ create_nodes() {
 # will place pods there.
 wait_nodes_ready() {
   local timeout=$1; shift
-  local deadline=$((SECONDS + timeout)) n pending last=""
+  local deadline=$((SECONDS + timeout)) start=$SECONDS rows pending last_report=-10
+  local want
+  want="$(printf '%s\n' "$@")"
   while :; do
-    pending=()
-    local rows
     # all nodes, filtered here: `get nodes ONE-NAME` returns an object, not a List
     rows="$(kc get nodes -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.status.conditions[?(@.type=="Ready")].status}{" "}{.spec.taints[*].key}{"\n"}{end}' 2>/dev/null)" || rows=""
-    for n in "$@"; do
-      local row
-      row="$(grep -E "^$n " <<<"$rows" || true)"
-      if [[ "$row" != "$n True"* ]] || [[ "$row" == *node.kubernetes.io/not-ready* ]] ||
-        [[ "$row" == *node.kubernetes.io/unreachable* ]]; then
-        pending+=("$n")
-      fi
-    done
-    [ ${#pending[@]} -eq 0 ] && return 0
+    # One pass over both lists (a grep per node took seconds at 1,000 nodes):
+    # the wanted nodes not yet Ready, or still tainted not-ready/unreachable.
+    pending="$(awk 'NR == FNR { if ($1 != "") want[$1] = 1; next }
+      $1 in want && $2 == "True" && $0 !~ /node\.kubernetes\.io\/(not-ready|unreachable)/ { delete want[$1] }
+      END { for (n in want) print n }' <(printf '%s\n' "$want") <(printf '%s\n' "$rows") | sort)"
+    [ -z "$pending" ] && return 0
+    local left
+    left="$(wc -l <<<"$pending")"
     if [ "$SECONDS" -ge "$deadline" ]; then
-      log "nodes not Ready (or still tainted not-ready) after ${timeout} s: ${pending[*]}"
-      kc get nodes -o wide >&2 || true
+      log "$left of $# nodes not Ready (or still tainted not-ready) after ${timeout} s: $(head -n 20 <<<"$pending" | tr '\n' ' ')"
+      kc get nodes -o wide 2>&1 | head -n 40 >&2 || true
       printf 'last lines of %s:\n' "$LOGS/kwok.log" >&2
       tail -n 20 "$LOGS/kwok.log" >&2 || true
       return 1
     fi
-    if [ "${pending[*]}" != "$last" ]; then
-      log "waiting for nodes to be Ready: ${pending[*]}"
-      last="${pending[*]}"
+    if [ $((SECONDS - last_report)) -ge 5 ]; then
+      if [ "$left" -le 10 ]; then
+        log "waiting for nodes to be Ready: $(tr '\n' ' ' <<<"$pending")"
+      else
+        log "nodes Ready: $(($# - left)) of $# after $((SECONDS - start)) s (timeout ${timeout} s)"
+      fi
+      last_report=$SECONDS
     fi
     sleep 0.5
   done
