@@ -160,16 +160,7 @@ impl TestBed {
     pub async fn completed_pod(&self, name: &str, node: &str) -> anyhow::Result<Pod> {
         self.pod_on(name, node, json!({"spec": {"restartPolicy": "Never"}}))
             .await?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-        let patch = json!({"status": {"phase": "Succeeded", "conditions": [
-            {"type": "Ready", "status": "False", "reason": "PodCompleted"}]}});
-        Ok(api
-            .patch_status(
-                name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(patch),
-            )
-            .await?)
+        self.finish_pod(name).await
     }
 
     /// A PodDisruptionBudget over pods labelled app=<app> with minAvailable.

@@ -308,34 +308,43 @@ pub async fn delete_operator_namespace_copy(client: &Client, ns: &str) {
 pub async fn install_webhook_prereqs(client: &Client) -> anyhow::Result<()> {
     install_prereqs(client, &["manifests/webhook/rbac.yaml"]).await
 }
+
 async fn wait_crd_established(client: &Client) -> anyhow::Result<()> {
+    wait_established(
+        client,
+        "nodemaintenances.nodemaintenance.medik8s.io",
+        std::time::Duration::from_secs(30),
+    )
+    .await
+}
+
+/// Wait until CustomResourceDefinition `name` is Established (served).
+pub async fn wait_established(
+    client: &Client,
+    name: &str,
+    deadline: std::time::Duration,
+) -> anyhow::Result<()> {
     use crate::wait::{Poll, until};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    until(
-        "the NodeMaintenance CRD to be established",
-        std::time::Duration::from_secs(30),
-        || {
-            let api = api.clone();
-            async move {
-                let crd = api
-                    .get("nodemaintenances.nodemaintenance.medik8s.io")
-                    .await?;
-                let ok = crd
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| {
-                        c.iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True")
-                    });
-                Ok(if ok {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending("not established".into())
-                })
-            }
-        },
-    )
+    until(&format!("CRD {name} to be established"), deadline, || {
+        let api = api.clone();
+        async move {
+            let crd = api.get(name).await?;
+            let ok = crd
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                });
+            Ok(if ok {
+                Poll::Ready(())
+            } else {
+                Poll::Pending("not established".into())
+            })
+        }
+    })
     .await
 }

@@ -127,20 +127,9 @@ async fn install_vmi_crd(client: &Client) {
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => panic!("VMI CRD: {e}"),
     }
-    until("the VMI CRD to be established", SHORT, || async {
-        let crd = api.get(VMI_CRD).await?;
-        let ok = crd.status.and_then(|s| s.conditions).is_some_and(|c| {
-            c.iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-        });
-        Ok(if ok {
-            Poll::Ready(())
-        } else {
-            Poll::Pending("not established".into())
-        })
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    nmo_tests::manifests::wait_established(client, VMI_CRD, SHORT)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 fn vmi_api(client: &Client, ns: &str) -> Api<DynamicObject> {
