@@ -40,7 +40,7 @@ if [ "${NMO_TEST_BINARIES:-}" = cargo ]; then cargo build --workspace --bins; fi
 # The RBAC audit below reads the API server's audit log from this moment on.
 audit_since="$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)"
 rc=0
-cargo test -p nmo-tests -- --test-threads="${NMO_TEST_THREADS:-4}" || rc=$?
+cargo test -p nmo-tests --no-fail-fast -- --test-threads="${NMO_TEST_THREADS:-4}" || rc=$?
 
 echo "== RBAC audit: what each service did (API server audit log) against what manifests/ grants"
 # Fails on a forbidden answer, a request the manifests do not grant, an unused

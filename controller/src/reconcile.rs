@@ -20,7 +20,7 @@ use shared::consts::{
 use shared::{DrainTimeoutAction, NodeMaintenance, NodeMaintenanceStatus};
 
 use crate::conditions::{self, Cause};
-use crate::conflicts::ConflictStreaks;
+use crate::conflicts::{ConflictStreaks, OwnWrites};
 use crate::drain::{self, PodOutcome};
 use crate::events::Events;
 use crate::leadership::Leadership;
@@ -110,6 +110,8 @@ pub struct Ctx {
     pub leadership: Leadership,
     /// Conflicts in a row per NodeMaintenance (see `error_policy`).
     pub conflicts: ConflictStreaks,
+    /// Our last write of each NodeMaintenance (read-your-writes).
+    pub own_writes: OwnWrites,
     /// When to look again while something blocks (--blocked-retry-interval).
     pub blocked_retry: Duration,
 }
@@ -134,6 +136,7 @@ impl Ctx {
             max_concurrent_evictions: cfg.max_concurrent_evictions,
             leadership: leadership.clone(),
             conflicts: ConflictStreaks::default(),
+            own_writes: OwnWrites::default(),
             blocked_retry: cfg.blocked_retry_interval,
         }
     }
@@ -160,7 +163,27 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
     // is idempotent and every write is version-checked, so cutting a
     // reconcile short and retrying is safe.
     let bounded = tokio::time::timeout(RECONCILE_TIMEOUT, async {
-        match step((*nm).clone(), &ctx).await {
+        // Never act on a cached copy older than our own last write.
+        let current = if ctx
+            .own_writes
+            .is_stale(&name, nm.metadata.resource_version.as_deref())
+        {
+            ctx.own_writes.forget(&name);
+            match ctx.nms().get_opt(&name).await {
+                Ok(Some(live)) => live,
+                Ok(None) => return Ok(None),
+                Err(source) => {
+                    return Err(Error::NodeMaintenance {
+                        action: "read",
+                        name: name.clone(),
+                        source,
+                    });
+                }
+            }
+        } else {
+            (*nm).clone()
+        };
+        match step(current, &ctx).await {
             // Our copy came from the watch cache and the API server holds a
             // newer one (the cache lags, e.g. while a watch reconnects after
             // an API server restart): decide again on the live object now,
@@ -277,7 +300,8 @@ async fn set_finalizers(
     finalizers: Vec<String>,
 ) -> Result<NodeMaintenance, Error> {
     let name = nm.name_any();
-    ctx.nms()
+    let written = ctx
+        .nms()
         .patch(
             &name,
             &PatchParams::default(),
@@ -289,9 +313,12 @@ async fn set_finalizers(
         .await
         .map_err(|source| Error::NodeMaintenance {
             action: "update the finalizer of",
-            name,
+            name: name.clone(),
             source,
-        })
+        })?;
+    ctx.own_writes
+        .wrote(&name, written.metadata.resource_version.as_deref());
+    Ok(written)
 }
 
 /// Write `new` as the status when [`plan::needs_write`] says so, with a fresh
@@ -355,6 +382,8 @@ async fn write_status(
             name,
             source,
         })?;
+    ctx.own_writes
+        .wrote(&nm.name_any(), nm.metadata.resource_version.as_deref());
     if let Some(event) = plan::transition_event(&old, &new) {
         ctx.events.on(nm, event).await;
     }
@@ -452,6 +481,22 @@ async fn maintain(
         write_status(ctx, nm, st, why).await?;
     }
 
+    // The optional drain deadline (beyond upstream), counted from the cordon,
+    // only while draining; judged before anything touches the node, on the
+    // node as read, so giving it back undoes exactly what is there.
+    let deadline = drain_deadline(nm);
+    if let (plan::Deadline::Passed(DrainTimeoutAction::Fail), Some(t)) =
+        (deadline, drain_timeout(nm))
+    {
+        let st = plan::timed_out(&status_of(nm), t, &node_name);
+        tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error,
+            "drain deadline passed: giving the node back");
+        restore_node(ctx, node).await?;
+        ctx.leases.release(&node_name).await?;
+        write_status(ctx, nm, st, Why::new(Cause::DrainTimeout, false)).await?;
+        return Ok(None);
+    }
+
     // The lease comes before anything touches the node.
     let (outcome, cause) = match ctx.leases.request(node).await {
         Ok(()) => (LeaseOutcome::Held, Cause::Progress),
@@ -480,21 +525,6 @@ async fn maintain(
     if let Some(ops) = node::enter_patch(node) {
         patch_node(ctx, &node_name, ops, "put into maintenance").await?;
         tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, "node cordoned, tainted and excluded from remediation");
-    }
-
-    // The optional drain deadline (beyond upstream), counted from the cordon.
-    let timeout = drain_timeout(nm);
-    let action = nm.spec.drain_timeout_action.unwrap_or_default();
-    let since = conditions::true_since(&st.conditions, conditions::CORDONED).map(|t| t.0);
-    let deadline = plan::deadline(timeout, action, since, Timestamp::now());
-    if let (plan::Deadline::Passed(DrainTimeoutAction::Fail), Some(t)) = (deadline, timeout) {
-        let st = plan::timed_out(&st, t, &node_name);
-        tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error,
-            "drain deadline passed: giving the node back");
-        restore_node(ctx, node).await?;
-        ctx.leases.release(&node_name).await?;
-        write_status(ctx, nm, st, Why::new(Cause::DrainTimeout, false)).await?;
-        return Ok(None);
     }
 
     let (round, mut left) = drain_round(ctx, &node_name).await?;
@@ -529,6 +559,18 @@ async fn maintain(
         _ => next.requeue,
     };
     Ok(Some(requeue))
+}
+
+/// Where a Running maintenance stands against its `spec.drainTimeout`
+/// (counted from the Cordoned condition); anything else is unbounded.
+fn drain_deadline(nm: &NodeMaintenance) -> plan::Deadline {
+    let st = status_of(nm);
+    if st.phase != Some(shared::MaintenancePhase::Running) {
+        return plan::Deadline::Unbounded;
+    }
+    let action = nm.spec.drain_timeout_action.unwrap_or_default();
+    let since = conditions::true_since(&st.conditions, conditions::CORDONED).map(|t| t.0);
+    plan::deadline(drain_timeout(nm), action, since, Timestamp::now())
 }
 
 /// `spec.drainTimeout`, if set and valid (the CRD's pattern admits only Go
@@ -665,6 +707,8 @@ async fn ensure_owner_reference(
             name,
             source,
         })?;
+    ctx.own_writes
+        .wrote(&nm.name_any(), nm.metadata.resource_version.as_deref());
     Ok(())
 }
 

@@ -454,3 +454,65 @@ pub async fn events_of(client: &Client, object: &str) -> Vec<(String, String, St
 pub fn ev(type_: &str, reason: &str, message: &str) -> (String, String, String) {
     (type_.into(), reason.into(), message.into())
 }
+
+/// A pod on `node` in namespace `ns`, labelled app=<name>, like the test bed's.
+pub async fn pod_in(env: &ControllerEnv, ns: &str, name: &str, node: &str) {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"key": GROUP_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": "registry.invalid/fake:1"}]
+        }
+    }))
+    .expect("pod json");
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.client(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("pod created");
+}
+
+/// PDB `name` (minAvailable 1 over app=<app>) in `ns`, once the disruption
+/// controller has counted its one pod (evictions are judged on that).
+pub async fn pdb_in(env: &ControllerEnv, ns: &str, name: &str, app: &str) {
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client(), ns);
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}}
+    }))
+    .expect("pdb json");
+    pdbs.create(&PostParams::default(), &pdb)
+        .await
+        .expect("PDB created");
+    until(
+        &format!("PDB {ns}/{name} status computed"),
+        LONG,
+        || async {
+            let st = pdbs.get(name).await?.status.unwrap_or_default();
+            Ok(
+                if st.observed_generation.is_some() && st.expected_pods == 1 {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending(format!("{st:?}"))
+                },
+            )
+        },
+    )
+    .await
+    .expect("PDB status");
+}
+
+/// A second namespace of the test (`<group>-b`), for what must be seen in two
+/// namespaces; the caller deletes it.
+pub async fn second_namespace(env: &ControllerEnv) -> String {
+    use k8s_openapi::api::core::v1::Namespace;
+    let name = format!("{}-b", env.bed.group);
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace JSON");
+    Api::<Namespace>::all(env.client())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("second namespace");
+    name
+}

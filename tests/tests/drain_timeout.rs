@@ -3,19 +3,24 @@
 //! way deleted without eviction, each named), through the real API server.
 //! Without it a blocked drain waits forever, as upstream (controller.rs).
 
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
-use nmo_tests::controller_env::{ControllerEnv as Env, events_of, is_cordoned, node_taint_keys};
+use nmo_tests::controller_env::{
+    ControllerEnv as Env, events_of, is_cordoned, node_taint_keys, pdb_in, pod_in, second_namespace,
+};
 use nmo_tests::fixtures::GROUP_KEY;
 use nmo_tests::wait::{Poll, until};
 use serde_json::json;
 use shared::{MaintenancePhase, NodeMaintenance};
 
 /// NodeMaintenance "a" on a node whose pod "guarded" a PDB holds (as
-/// `Env::blocked_maintenance`), asking for `timeout` then `action`.
-async fn blocked_with_deadline(env: &Env, timeout: &str, action: &str) -> String {
+/// `Env::blocked_maintenance`), asking for `timeout` then `action`; the node
+/// `<group>-target` is created unless `new_node` is false (already there).
+async fn blocked_with_deadline(env: &Env, timeout: &str, action: &str, new_node: bool) -> String {
     let bed = &env.bed;
-    let target = bed.node("target", false).await.expect("node").name_any();
+    let target = format!("{}-target", bed.group);
+    if new_node {
+        bed.node("target", false).await.expect("node");
+    }
     bed.node("spare", false).await.expect("spare");
     bed.bare_pod("guarded", &target).await.expect("guarded pod");
     bed.pdb("guard", "guarded", 1).await.expect("pdb");
@@ -40,7 +45,7 @@ async fn blocked_with_deadline(env: &Env, timeout: &str, action: &str) -> String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_fail_gives_the_node_back() {
     let env = Env::new("nm-deadline-fail", 1).await;
-    let target = blocked_with_deadline(&env, "3s", "Fail").await;
+    let target = blocked_with_deadline(&env, "3s", "Fail", true).await;
     let name = env.n("a");
     let nm = env.wait_phase(&name, MaintenancePhase::Failed).await;
     let st = nm.status.expect("status");
@@ -95,22 +100,38 @@ async fn deadline_fail_gives_the_node_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_force_deletes_what_blocks_and_names_it() {
     let env = Env::new("nm-deadline-force", 1).await;
-    blocked_with_deadline(&env, "3s", "Force").await;
+    // Blocked pods in two namespaces: "guarded" in the test's, "db" in a second.
+    let second = second_namespace(&env).await;
+    let target = format!("{}-target", env.bed.group);
+    env.bed.node("target", false).await.expect("node");
+    pod_in(&env, &second, "db", &target).await;
+    pdb_in(&env, &second, "db-pdb", "db").await;
+    blocked_with_deadline(&env, "3s", "Force", false).await;
     let name = env.n("a");
     let nm = env.wait_phase(&name, MaintenancePhase::Succeeded).await;
     let st = nm.status.expect("status");
-    let forced: Vec<String> = st
+    let mut forced: Vec<String> = st
         .force_deleted_pods
         .iter()
         .map(|p| format!("{}/{}", p.namespace, p.name))
         .collect();
-    assert_eq!(forced, vec![format!("{}/guarded", env.bed.namespace)]);
+    forced.sort();
+    let mut want = vec![
+        format!("{}/guarded", env.bed.namespace),
+        format!("{second}/db"),
+    ];
+    want.sort();
+    assert_eq!(forced, want);
     let events = events_of(&env.client(), &name).await;
     let warned: Vec<_> = events.iter().filter(|e| e.1 == "PodForceDeleted").collect();
-    assert_eq!(warned.len(), 1, "{events:?}");
-    assert_eq!(warned[0].0, "Warning");
+    assert_eq!(warned.len(), 2, "{events:?}");
+    for w in &warned {
+        assert_eq!(w.0, "Warning");
+        assert!(w.2.contains("without eviction"), "{w:?}");
+    }
+    assert!(warned.iter().any(|w| w.2.contains("guarded")), "{warned:?}");
     assert!(
-        warned[0].2.contains("guarded") && warned[0].2.contains("without eviction"),
+        warned.iter().any(|w| w.2.contains(&format!("{second}/db"))),
         "{warned:?}"
     );
     env.nms()
@@ -118,6 +139,9 @@ async fn deadline_force_deletes_what_blocks_and_names_it() {
         .await
         .expect("delete");
     env.wait_gone(&name).await;
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client())
+        .delete(&second, &DeleteParams::default())
+        .await;
     env.teardown().await;
 }
 

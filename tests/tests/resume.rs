@@ -17,9 +17,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
-use nmo_tests::controller_env::{ControllerEnv as Env, LONG};
-use nmo_tests::fixtures::GROUP_KEY;
-use nmo_tests::wait::{Poll, until};
+use nmo_tests::controller_env::{ControllerEnv as Env, pdb_in, pod_in};
 use serde_json::json;
 use shared::{MaintenancePhase, NodeMaintenance};
 
@@ -66,54 +64,6 @@ async fn resumed(
         nmo_tests::component_log_tails(20)
     );
     took
-}
-
-/// A pod on `node` in namespace `ns`, labelled app=<name>, like the test bed's.
-async fn pod_in(env: &Env, ns: &str, name: &str, node: &str) {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "nodeName": node,
-            "tolerations": [{"key": GROUP_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "c", "image": "registry.invalid/fake:1"}]
-        }
-    }))
-    .expect("pod json");
-    Api::<Pod>::namespaced(env.client(), ns)
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("pod created");
-}
-
-/// PDB `name` (minAvailable 1 over app=<app>) in `ns`, once the disruption
-/// controller has counted its one pod (evictions are judged on that).
-async fn pdb_in(env: &Env, ns: &str, name: &str, app: &str) {
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client(), ns);
-    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}}
-    }))
-    .expect("pdb json");
-    pdbs.create(&PostParams::default(), &pdb)
-        .await
-        .expect("PDB created");
-    until(
-        &format!("PDB {ns}/{name} status computed"),
-        LONG,
-        || async {
-            let st = pdbs.get(name).await?.status.unwrap_or_default();
-            Ok(
-                if st.observed_generation.is_some() && st.expected_pods == 1 {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending(format!("{st:?}"))
-                },
-            )
-        },
-    )
-    .await
-    .expect("PDB status");
 }
 
 async fn delete_pdb(env: &Env, ns: &str, name: &str) {
