@@ -42,6 +42,10 @@ pub struct NodePods {
     pub must_leave: Vec<Pod>,
 }
 
+/// How long past the end of its grace period a terminating pod may still be
+/// there before it counts as stuck (a blocker naming its finalizers).
+pub const STUCK_AFTER: Duration = Duration::from_secs(30);
+
 /// What happened to one pod this round.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodOutcome {
@@ -51,6 +55,10 @@ pub enum PodOutcome {
     Gone,
     /// Already terminating (since the given number of seconds).
     Terminating(i64),
+    /// Still there more than [`STUCK_AFTER`] past the end of its grace period:
+    /// something holds it (its finalizers, named here, or a node that no
+    /// longer runs it). A blocker.
+    Stuck { finalizers: Vec<String> },
     /// A PodDisruptionBudget said "not now" (429): the API server's message.
     Blocked(String),
     /// KubeVirt said "not now, the VM is being live-migrated away" (429, see
@@ -72,6 +80,13 @@ impl PodOutcome {
             PodOutcome::Evicted => "eviction accepted, terminating".into(),
             PodOutcome::Gone => "gone".into(),
             PodOutcome::Terminating(s) => format!("terminating for {s}s"),
+            PodOutcome::Stuck { finalizers } if finalizers.is_empty() => {
+                "still there long after its grace period ended (is its node running it?)".into()
+            }
+            PodOutcome::Stuck { finalizers } => format!(
+                "still there long after its grace period ended, held by finalizers {}",
+                finalizers.join(", ")
+            ),
             PodOutcome::Blocked(m) => format!("eviction blocked by a PodDisruptionBudget: {m}"),
             PodOutcome::Migrating {
                 since_secs,
@@ -88,7 +103,9 @@ impl PodOutcome {
     /// migration running longer than `warn_after`.
     fn problem(&self, warn_after: Duration) -> Option<String> {
         match self {
-            PodOutcome::Blocked(_) | PodOutcome::Failed(_) => Some(self.describe()),
+            PodOutcome::Blocked(_) | PodOutcome::Failed(_) | PodOutcome::Stuck { .. } => {
+                Some(self.describe())
+            }
             PodOutcome::Migrating {
                 since_secs,
                 message,
@@ -110,7 +127,7 @@ pub fn outcome_label(outcome: &PodOutcome) -> &'static str {
     match outcome {
         PodOutcome::Evicted => "evicted",
         PodOutcome::Gone => "gone",
-        PodOutcome::Terminating(_) => "terminating",
+        PodOutcome::Terminating(_) | PodOutcome::Stuck { .. } => "terminating",
         PodOutcome::Blocked(_) => "blocked",
         PodOutcome::Migrating { .. } => "migrating",
         PodOutcome::Failed(_) => "failed",
@@ -430,6 +447,10 @@ async fn evict_one(client: Client, pod: Pod) -> (PodReference, PodOutcome) {
             .map(|t| Timestamp::now().duration_since(t.0).as_secs())
             .unwrap_or(0)
             .max(0);
+        if since > STUCK_AFTER.as_secs() as i64 {
+            let finalizers = pod.metadata.finalizers.clone().unwrap_or_default();
+            return (r, PodOutcome::Stuck { finalizers });
+        }
         return (r, PodOutcome::Terminating(since));
     }
     let api: Api<Pod> = Api::namespaced(client, &r.namespace);
@@ -527,6 +548,27 @@ mod tests {
             namespace: "shop".into(),
             name: n.into(),
         }
+    }
+
+    #[test]
+    fn a_pod_stuck_terminating_is_a_blocker_naming_its_finalizers() {
+        let mut o = BTreeMap::new();
+        o.insert(r("a"), PodOutcome::Terminating(5));
+        o.insert(
+            r("b"),
+            PodOutcome::Stuck {
+                finalizers: vec!["example.com/backup".into()],
+            },
+        );
+        let text = blocker_summary_with("n1", &o, Duration::from_secs(600)).expect("a blocker");
+        assert!(
+            text.contains("shop/b: still there long after its grace period ended, held by finalizers example.com/backup"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("shop/a"),
+            "terminating in time is no blocker: {text}"
+        );
     }
 
     #[test]

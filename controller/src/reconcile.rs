@@ -649,7 +649,7 @@ async fn drain_round(
     .await;
     for o in outcomes.values() {
         // A terminating pod got no eviction request this round.
-        if !matches!(o, PodOutcome::Terminating(_)) {
+        if !matches!(o, PodOutcome::Terminating(_) | PodOutcome::Stuck { .. }) {
             ctx.metrics.eviction(drain::outcome_label(o));
         }
     }

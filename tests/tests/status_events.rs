@@ -333,3 +333,66 @@ fn kubectl(args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A pod that outlives its grace period (here: its node has no kubelet to
+/// stop it, and a finalizer holds it) is reported as what blocks the drain,
+/// with its finalizers, in the Blocked condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_stuck_terminating_is_named_with_its_finalizers() {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::PostParams;
+    let env = Env::new("nm-stuck", 1).await;
+    let client = env.client();
+    let group = env.bed.group.clone();
+    // A node no kwok manages: nothing ever stops its pods.
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": format!("{group}-silent"),
+                     "labels": {nmo_tests::fixtures::GROUP_KEY: group}}
+    }))
+    .expect("node JSON");
+    let node = env
+        .nodes()
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("node")
+        .name_any();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &env.bed.namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "held", "finalizers": ["example.com/backup"]},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "c", "image": "registry.invalid/fake:1"}]}
+    }))
+    .expect("pod JSON");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("pod");
+    let name = env.n("a");
+    env.create_nm(&name, &node).await;
+    let nm = env
+        .wait_nm(&name, "the stuck pod named in Blocked", |nm| {
+            nm.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Blocked"
+                        && c.status == "True"
+                        && c.message
+                            .contains("/held: still there long after its grace period")
+                        && c.message.contains("example.com/backup")
+                })
+            })
+        })
+        .await;
+    assert_eq!(nm.phase(), Some(&MaintenancePhase::Running));
+    // Let it go: the finalizer removed, the pod gone, the drain done.
+    pods.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("finalizer removed");
+    let _ = pods
+        .delete("held", &DeleteParams::default().grace_period(0))
+        .await;
+    env.wait_phase(&name, MaintenancePhase::Succeeded).await;
+    env.teardown().await;
+}
