@@ -74,7 +74,7 @@ impl Cause {
 }
 
 /// The conditions for `status`, written because of `cause`, with the node
-/// in maintenance or not. A condition keeps its lastTransitionTime while its
+/// in maintenance or not and `migrating` of its pods VMs live-migrating away. A condition keeps its lastTransitionTime while its
 /// status stays (taken from `old`); `now` stamps the ones that change.
 /// Ordered so the most telling comes first (`kubectl get` shows True reasons
 /// in this order).
@@ -83,6 +83,7 @@ pub fn conditions(
     status: &Status,
     cause: Cause,
     cordoned: bool,
+    migrating: usize,
     generation: Option<i64>,
     now: &Time,
 ) -> Vec<Condition> {
@@ -126,10 +127,7 @@ pub fn conditions(
             DRAINED,
             false,
             "Draining",
-            format!(
-                "{pods_left} of {} pods still to leave",
-                status.eviction_pods
-            ),
+            draining_message(pods_left, status.eviction_pods, migrating),
         );
     } else {
         push(DRAINED, false, "NotStarted", String::new());
@@ -145,6 +143,16 @@ pub fn conditions(
         push(CORDONED, false, "NodeSchedulable", String::new());
     }
     out
+}
+
+fn draining_message(left: usize, of: i64, migrating: usize) -> String {
+    let mut message = format!("{left} of {of} pods still to leave");
+    if migrating > 0 {
+        message.push_str(&format!(
+            ", {migrating} of them KubeVirt VMs live-migrating away"
+        ));
+    }
+    message
 }
 
 fn condition(
@@ -296,7 +304,7 @@ mod tests {
             ),
         ];
         for (name, st, cause, cordoned, want) in cases {
-            let c = conditions(&[], &st, cause, cordoned, Some(1), &at(0));
+            let c = conditions(&[], &st, cause, cordoned, 0, Some(1), &at(0));
             assert_eq!(true_reasons(&c), want, "{name}: {:?}", summary(&c));
             assert_eq!(c.len(), 5, "{name}: every type present");
         }
@@ -309,7 +317,7 @@ mod tests {
             1,
             "pod shop/a: blocked by PDB guard",
         );
-        let c = conditions(&[], &st, Cause::EvictionBlocked, true, None, &at(0));
+        let c = conditions(&[], &st, Cause::EvictionBlocked, true, 0, None, &at(0));
         assert_eq!(
             blocked_message(&c),
             Some("pod shop/a: blocked by PDB guard")
@@ -319,10 +327,22 @@ mod tests {
     }
 
     #[test]
+    fn migrating_vms_are_named_as_draining_not_blocked() {
+        let st = status(MaintenancePhase::Running, 2, "");
+        let c = conditions(&[], &st, Cause::Progress, true, 1, None, &at(0));
+        let drained = c.iter().find(|c| c.type_ == DRAINED).expect("Drained");
+        assert_eq!(
+            drained.message,
+            "2 of 4 pods still to leave, 1 of them KubeVirt VMs live-migrating away"
+        );
+        assert_eq!(blocked_message(&c), None);
+    }
+
+    #[test]
     fn transition_time_moves_only_when_the_status_does() {
         let running = status(MaintenancePhase::Running, 2, "");
-        let first = conditions(&[], &running, Cause::Progress, true, None, &at(0));
-        let again = conditions(&first, &running, Cause::Progress, true, None, &at(10));
+        let first = conditions(&[], &running, Cause::Progress, true, 0, None, &at(0));
+        let again = conditions(&first, &running, Cause::Progress, true, 0, None, &at(10));
         assert_eq!(first, again, "same state, same conditions");
         let blocked = status(MaintenancePhase::Running, 1, "pod shop/a: blocked");
         let later = conditions(
@@ -330,6 +350,7 @@ mod tests {
             &blocked,
             Cause::EvictionBlocked,
             true,
+            0,
             None,
             &at(20),
         );
@@ -351,6 +372,7 @@ mod tests {
             &st("pod shop/a: PDB guard"),
             Cause::EvictionBlocked,
             true,
+            0,
             None,
             &at(0),
         );
@@ -360,6 +382,7 @@ mod tests {
             &st("pod shop/a: PDB guard"),
             Cause::EvictionBlocked,
             true,
+            0,
             None,
             &at(5),
         );
@@ -373,6 +396,7 @@ mod tests {
             &st("pod shop/b: webhook says no"),
             Cause::EvictionBlocked,
             true,
+            0,
             None,
             &at(10),
         );
@@ -380,13 +404,14 @@ mod tests {
             drain_blocked_news(&c2, &c3),
             Some("pod shop/b: webhook says no")
         );
-        let c4 = conditions(&c3, &st(""), Cause::Progress, true, None, &at(15));
+        let c4 = conditions(&c3, &st(""), Cause::Progress, true, 0, None, &at(15));
         assert_eq!(drain_blocked_news(&c3, &c4), None, "no longer blocked");
         let lease = conditions(
             &[],
             &st("held by snr"),
             Cause::LeaseHeldByOther,
             false,
+            0,
             None,
             &at(0),
         );

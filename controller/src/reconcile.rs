@@ -269,6 +269,8 @@ fn status_of(nm: &NodeMaintenance) -> NodeMaintenanceStatus {
 struct Why {
     cause: Cause,
     cordoned: bool,
+    /// Pods KubeVirt is live-migrating away (named in Drained's message).
+    migrating: usize,
     refresh: bool,
 }
 
@@ -277,6 +279,7 @@ impl Why {
         Why {
             cause,
             cordoned,
+            migrating: 0,
             refresh: false,
         }
     }
@@ -340,6 +343,7 @@ async fn write_status(
         &new,
         why.cause,
         why.cordoned,
+        why.migrating,
         nm.metadata.generation,
         &now,
     );
@@ -545,11 +549,13 @@ async fn maintain(
     } else {
         Cause::Progress
     };
+    let migrating = round.migrating.len();
     let next = plan::after_round(&st, round, ctx.blocked_retry);
     let done = next.status.phase == Some(shared::MaintenancePhase::Succeeded)
         && st.phase != Some(shared::MaintenancePhase::Succeeded);
     let mut why = Why::new(cause, true);
     why.refresh = next.refresh;
+    why.migrating = migrating;
     write_status(ctx, nm, next.status, why).await?;
     if done {
         tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, "node drained: maintenance succeeded");

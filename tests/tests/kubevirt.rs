@@ -321,6 +321,22 @@ async fn a_live_migrating_vm_is_progress_not_a_blocker() {
         "nothing blocks NodeMaintenance {name} while {launcher} migrates"
     );
     assert_eq!(st.drain_progress, 50, "web evicted, {launcher} pending");
+    let drained = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Drained")
+        .expect("Drained condition");
+    assert_eq!(
+        drained.message, "1 of 2 pods still to leave, 1 of them KubeVirt VMs live-migrating away",
+        "the condition says why it waits"
+    );
+    assert!(
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Blocked" && c.status == "False"),
+        "a migration is not a blocker: {:?}",
+        st.conditions
+    );
 
     // The eviction metric says migrating, never blocked.
     let text = until(
