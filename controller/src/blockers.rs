@@ -120,6 +120,10 @@ struct PodWatch {
     stop: AbortHandle,
     /// Its first full list is done: a later one means it had lost track.
     listed: bool,
+    /// The pods of that first list, while it runs: a pending pod missing from
+    /// it left the node before the watch began (it starts up to a second
+    /// after the maintenance does), and its departure was never seen.
+    first_list: BTreeSet<(String, String)>,
 }
 
 impl Blockers {
@@ -155,12 +159,32 @@ impl Blockers {
                     self.wake(&nm, &why);
                 }
             }
+            Ok(watcher::Event::InitApply(pod)) => {
+                if let Some(w) = self.watched.get_mut(node).filter(|w| !w.listed) {
+                    w.first_list
+                        .insert((pod.namespace().unwrap_or_default(), pod.name_any()));
+                }
+            }
             Ok(watcher::Event::InitDone) => {
                 let Some(w) = self.watched.get_mut(node) else {
                     return;
                 };
                 if !std::mem::replace(&mut w.listed, true) {
                     tracing::debug!(%node, "watching the pods of node {node} under maintenance");
+                    let present = std::mem::take(&mut w.first_list);
+                    let why = format!("a pending pod left node {node} before its pod watch began");
+                    let gone: Vec<_> = draining(&self.store.state())
+                        .filter(|nm| nm.spec.node_name == node)
+                        .filter(|nm| {
+                            pending(nm)
+                                .iter()
+                                .any(|p| !present.contains(&(p.namespace.clone(), p.name.clone())))
+                        })
+                        .cloned()
+                        .collect();
+                    for nm in gone {
+                        self.wake(&nm, &why);
+                    }
                     return;
                 }
                 let why = format!("the pod watch of node {node} listed again (it had lost track)");
@@ -209,6 +233,7 @@ impl Blockers {
                 PodWatch {
                     stop,
                     listed: false,
+                    first_list: BTreeSet::new(),
                 },
             );
         }
