@@ -302,20 +302,31 @@ async fn set_finalizers(
     nm: &NodeMaintenance,
     finalizers: Vec<String>,
 ) -> Result<NodeMaintenance, Error> {
+    let field = json!({ "finalizers": finalizers });
+    patch_metadata(ctx, nm, field, "update the finalizer of").await
+}
+
+/// Merge `fields` into the metadata of `nm`, checked against the version we
+/// read (a stale copy gets 409 and is decided again), and remember the
+/// version written (read-your-writes).
+async fn patch_metadata(
+    ctx: &Ctx,
+    nm: &NodeMaintenance,
+    mut fields: Value,
+    action: &'static str,
+) -> Result<NodeMaintenance, Error> {
     let name = nm.name_any();
+    fields["resourceVersion"] = json!(nm.metadata.resource_version);
     let written = ctx
         .nms()
         .patch(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {
-                "finalizers": finalizers,
-                "resourceVersion": nm.metadata.resource_version
-            }})),
+            &Patch::Merge(json!({ "metadata": fields })),
         )
         .await
         .map_err(|source| Error::NodeMaintenance {
-            action: "update the finalizer of",
+            action,
             name: name.clone(),
             source,
         })?;
@@ -696,25 +707,8 @@ async fn ensure_owner_reference(
     }
     refs.retain(|r| r.kind != "Node");
     refs.push(wanted);
-    let name = nm.name_any();
-    *nm = ctx
-        .nms()
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {
-                "ownerReferences": refs,
-                "resourceVersion": nm.metadata.resource_version
-            }})),
-        )
-        .await
-        .map_err(|source| Error::NodeMaintenance {
-            action: "set the Node owner reference of",
-            name,
-            source,
-        })?;
-    ctx.own_writes
-        .wrote(&nm.name_any(), nm.metadata.resource_version.as_deref());
+    let field = json!({ "ownerReferences": refs });
+    *nm = patch_metadata(ctx, nm, field, "set the Node owner reference of").await?;
     Ok(())
 }
 

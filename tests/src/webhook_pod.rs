@@ -268,3 +268,57 @@ fn warning_text(header: &str) -> String {
     }
     out
 }
+
+/// Run `cleanup` with an admin client to completion from a `Drop` (which
+/// cannot await): on its own thread and runtime, also while panicking.
+pub fn run_cleanup<F, Fut>(cleanup: F)
+where
+    F: FnOnce(Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let done = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            if let Ok(client) = crate::admin_client().await {
+                cleanup(client).await;
+            }
+        });
+    });
+    let _ = done.join();
+}
+
+/// Remove what a webhook test of `group` created (best effort): its webhook
+/// configuration, the NodeMaintenances named `group...`, `namespaces`, and
+/// the nodes labelled with the group.
+pub async fn remove_group(client: &Client, group: &str, namespaces: &[String]) {
+    use k8s_openapi::api::core::v1::{Namespace, Node};
+    use kube::api::{DeleteParams, ListParams};
+    let dp = DeleteParams::default();
+    unregister(client, group).await;
+    let nms: Api<shared::NodeMaintenance> = Api::all(client.clone());
+    if let Ok(list) = nms.list(&ListParams::default()).await {
+        for n in list.items {
+            let name = n.metadata.name.unwrap_or_default();
+            if name.starts_with(group) {
+                let _ = nms.delete(&name, &dp).await;
+            }
+        }
+    }
+    for ns in namespaces {
+        let _ = Api::<Namespace>::all(client.clone()).delete(ns, &dp).await;
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let lp = ListParams::default().labels(&format!("{GROUP_KEY}={group}"));
+    if let Ok(list) = nodes.list(&lp).await {
+        for n in list.items {
+            if let Some(name) = n.metadata.name {
+                let _ = nodes.delete(&name, &dp).await;
+            }
+        }
+    }
+}

@@ -268,58 +268,27 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         let group = self.group.clone();
         let openshift = self.openshift;
-        let done = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                let Ok(client) = nmo_tests::admin_client().await else {
-                    return;
-                };
-                let dp = DeleteParams::default();
-                nmo_tests::webhook_pod::unregister(&client, &group).await;
-                let nms: Api<NodeMaintenance> = Api::all(client.clone());
-                if let Ok(list) = nms.list(&ListParams::default()).await {
-                    for n in list.items {
-                        let name = n.metadata.name.unwrap_or_default();
-                        if name.starts_with(&group) {
-                            let _ = nms.delete(&name, &dp).await;
-                        }
-                    }
-                }
-                let lp = ListParams::default().labels(&format!("{GROUP_KEY}={group}"));
-                if openshift {
-                    let _ = Api::<Pod>::namespaced(client.clone(), ETCD_NS)
-                        .delete_collection(&dp, &lp)
-                        .await;
-                    let _ = Api::<PodDisruptionBudget>::namespaced(client.clone(), ETCD_NS)
-                        .delete_collection(&dp, &lp)
-                        .await;
-                    // Leave no trace of "OpenShift" for other tests and webhooks in auto mode.
-                    let _ = Api::<Namespace>::all(client.clone())
-                        .delete(ETCD_NS, &dp)
-                        .await;
-                    let _ = Api::<CustomResourceDefinition>::all(client.clone())
-                        .delete(OPENSHIFT_CRD, &dp)
-                        .await;
-                }
-                let _ = Api::<Namespace>::all(client.clone())
-                    .delete(&group, &dp)
+        nmo_tests::webhook_pod::run_cleanup(move |client| async move {
+            let dp = DeleteParams::default();
+            let lp = ListParams::default().labels(&format!("{GROUP_KEY}={group}"));
+            if openshift {
+                let _ = Api::<Pod>::namespaced(client.clone(), ETCD_NS)
+                    .delete_collection(&dp, &lp)
                     .await;
-                let nodes: Api<Node> = Api::all(client.clone());
-                if let Ok(list) = nodes.list(&lp).await {
-                    for n in list.items {
-                        if let Some(name) = n.metadata.name {
-                            let _ = nodes.delete(&name, &dp).await;
-                        }
-                    }
-                }
-            });
+                let _ = Api::<PodDisruptionBudget>::namespaced(client.clone(), ETCD_NS)
+                    .delete_collection(&dp, &lp)
+                    .await;
+                // Leave no trace of "OpenShift" for other tests and webhooks in auto mode.
+                let _ = Api::<Namespace>::all(client.clone())
+                    .delete(ETCD_NS, &dp)
+                    .await;
+                let _ = Api::<CustomResourceDefinition>::all(client.clone())
+                    .delete(OPENSHIFT_CRD, &dp)
+                    .await;
+            }
+            nmo_tests::webhook_pod::remove_group(&client, &group, std::slice::from_ref(&group))
+                .await;
         });
-        let _ = done.join();
     }
 }
 

@@ -9,10 +9,9 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::api::{GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use nmo_tests::fixtures::{GROUP_KEY, TestBed};
@@ -38,47 +37,10 @@ struct Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let group = self.group.clone();
-        let namespaces = self.namespaces.clone();
-        let done = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                let Ok(client) = nmo_tests::admin_client().await else {
-                    return;
-                };
-                let dp = DeleteParams::default();
-                let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                    .delete(&group, &dp)
-                    .await;
-                let nms: Api<NodeMaintenance> = Api::all(client.clone());
-                if let Ok(list) = nms.list(&ListParams::default()).await {
-                    for n in list.items {
-                        let name = n.metadata.name.unwrap_or_default();
-                        if name.starts_with(&group) {
-                            let _ = nms.delete(&name, &dp).await;
-                        }
-                    }
-                }
-                for ns in namespaces {
-                    let _ = Api::<Namespace>::all(client.clone()).delete(&ns, &dp).await;
-                }
-                let nodes: Api<Node> = Api::all(client.clone());
-                let lp = ListParams::default().labels(&format!("{GROUP_KEY}={group}"));
-                if let Ok(list) = nodes.list(&lp).await {
-                    for n in list.items {
-                        if let Some(name) = n.metadata.name {
-                            let _ = nodes.delete(&name, &dp).await;
-                        }
-                    }
-                }
-            });
+        let (group, namespaces) = (self.group.clone(), self.namespaces.clone());
+        nmo_tests::webhook_pod::run_cleanup(move |client| async move {
+            nmo_tests::webhook_pod::remove_group(&client, &group, &namespaces).await;
         });
-        let _ = done.join();
     }
 }
 
