@@ -439,6 +439,11 @@ async fn apply(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
     // The node is looked up only once admitted: a queue of waiting
     // maintenances costs no API requests.
     let Some(node) = read_node(ctx, &node_name).await? else {
+        // The node went away under a maintenance that held it: nothing to
+        // restore, but its lease is ours to give back (Failed is final).
+        if plan::touched_node(status.phase.as_ref()) {
+            ctx.leases.release(&node_name).await?;
+        }
         let st = plan::node_missing(&status, &node_name);
         tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, "node not found: maintenance failed");
         write_status(ctx, &mut nm, st, Why::new(Cause::NodeNotFound, false)).await?;
