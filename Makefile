@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 CRD_FILE := manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml
 
-.PHONY: help build test unit-test integration-test lint fmt crds cluster-up cluster-down deploy-local undeploy-local demo bench images bundle check-bundle release
+.PHONY: help build test unit-test integration-test lint fmt crds cluster-up cluster-down deploy-local undeploy-local demo bench bench-scale images bundle check-bundle release
 
 help: ## Show the targets and what they do
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -46,10 +46,14 @@ undeploy-local: ## Stop the locally running webhook and controller
 demo: ## Local cluster + both services + a guided node maintenance
 	bash tests/deploy/demo.sh
 
-bench: ## Performance figures: webhook reviews/s and latency, controller drain time and resume after a PDB is deleted, log writers
+bench: ## Performance figures: webhook reviews/s and latency, controller drain time and resume after a PDB is deleted, log writers, then bench-scale
 	bash tests/bench.sh
 	@echo "== log writers: ours against tracing-appender (shared/examples/log_writers.rs)"
 	cargo run --release -q -p nmo-shared --example log_writers -- 200000 3
+	bash tests/bench-scale.sh
+
+bench-scale: ## Both services at 1,000 nodes and 30,000 pods on a plane of their own: memory, reviews/s, 100 maintenances at once, soak (15-25 min)
+	bash tests/bench-scale.sh
 
 images: ## OCI image archives of both services in target/images/ (static musl binaries, FROM scratch, reproducible, no container daemon)
 	bash tests/release/images.sh

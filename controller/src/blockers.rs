@@ -124,6 +124,8 @@ struct PodWatch {
     /// it left the node before the watch began (it starts up to a second
     /// after the maintenance does), and its departure was never seen.
     first_list: BTreeSet<(String, String)>,
+    /// Pending pods seen leaving the node (kept while still listed pending).
+    departed: BTreeSet<(String, String)>,
 }
 
 impl Blockers {
@@ -154,8 +156,13 @@ impl Blockers {
         match event {
             Ok(watcher::Event::Delete(pod)) => {
                 let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-                let why = format!("pod {ns}/{name} left node {node}");
-                for nm in waiting_for_pod(&self.store.state(), node, &ns, &name) {
+                let Some(w) = self.watched.get_mut(node) else {
+                    return;
+                };
+                let nms = self.store.state();
+                let woken = all_departed(&nms, node, &mut w.departed, (ns.clone(), name.clone()));
+                let why = format!("pod {ns}/{name} left node {node}, the last it waited for");
+                for nm in woken {
                     self.wake(&nm, &why);
                 }
             }
@@ -234,6 +241,7 @@ impl Blockers {
                     stop,
                     listed: false,
                     first_list: BTreeSet::new(),
+                    departed: BTreeSet::new(),
                 },
             );
         }
@@ -265,19 +273,38 @@ fn waiting_in_namespace(
         .collect()
 }
 
-/// Draining maintenances of `node` still waiting for pod `namespace/name`.
-fn waiting_for_pod(
+/// Pod `gone` left `node`: the draining maintenances of the node that
+/// waited for it and now wait for nothing that is still there. Waking a
+/// drain on every departure would run a round per pod while the rest are
+/// still terminating; the drain's own requeue reports progress meanwhile.
+/// `departed` remembers the departures still listed as pending.
+fn all_departed(
     nms: &[Arc<NodeMaintenance>],
     node: &str,
-    namespace: &str,
-    name: &str,
+    departed: &mut BTreeSet<(String, String)>,
+    gone: (String, String),
 ) -> Vec<Arc<NodeMaintenance>> {
-    draining(nms)
+    let key = |p: &shared::PodReference| (p.namespace.clone(), p.name.clone());
+    let on_node: Vec<&Arc<NodeMaintenance>> = draining(nms)
         .filter(|nm| nm.spec.node_name == node)
+        .collect();
+    let waited = on_node
+        .iter()
+        .any(|nm| pending(nm).iter().any(|p| key(p) == gone));
+    if !waited {
+        return vec![];
+    }
+    departed.insert(gone.clone());
+    let still_pending: BTreeSet<_> = on_node
+        .iter()
+        .flat_map(|nm| pending(nm).iter().map(key))
+        .collect();
+    departed.retain(|d| still_pending.contains(d));
+    on_node
+        .into_iter()
         .filter(|nm| {
-            pending(nm)
-                .iter()
-                .any(|p| p.namespace == namespace && p.name == name)
+            let p = pending(nm);
+            p.iter().any(|r| key(r) == gone) && p.iter().all(|r| departed.contains(&key(r)))
         })
         .cloned()
         .collect()
@@ -498,14 +525,38 @@ mod tests {
         assert_eq!(names(waiting_in_namespace(&nms, "shop")), ["a"]);
         assert_eq!(names(waiting_in_namespace(&nms, "db")), ["a", "b"]);
         assert!(waiting_in_namespace(&nms, "other").is_empty());
-        assert_eq!(names(waiting_for_pod(&nms, "w1", "db", "pg-0")), ["a"]);
+        let gone = |ns: &str, n: &str| (ns.to_string(), n.to_string());
+        let mut departed = BTreeSet::new();
         assert!(
-            waiting_for_pod(&nms, "w1", "db", "pg-1").is_empty(),
-            "not pending there"
+            all_departed(&nms, "w1", &mut departed, gone("db", "pg-0")).is_empty(),
+            "web-1 is still pending on w1"
         );
         assert!(
-            waiting_for_pod(&nms, "w2", "shop", "web-1").is_empty(),
+            all_departed(&nms, "w1", &mut departed, gone("db", "pg-1")).is_empty(),
+            "not pending there"
+        );
+        assert_eq!(
+            names(all_departed(
+                &nms,
+                "w1",
+                &mut departed,
+                gone("shop", "web-1")
+            )),
+            ["a"],
+            "the last pending pod of a left"
+        );
+        let mut departed = BTreeSet::new();
+        assert!(
+            all_departed(&nms, "w2", &mut departed, gone("shop", "web-1")).is_empty(),
             "another node"
+        );
+        assert_eq!(
+            names(all_departed(&nms, "w2", &mut departed, gone("db", "pg-1"))),
+            ["b"]
+        );
+        assert!(
+            departed.len() <= 1,
+            "only departures still listed pending are kept"
         );
         let nodes: Vec<_> = draining(&nms).map(|nm| nm.spec.node_name.clone()).collect();
         assert_eq!(nodes, ["w1", "w2"], "Running and not being deleted");

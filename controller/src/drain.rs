@@ -321,6 +321,31 @@ pub async fn list_node_pods(client: &Client, node: &str) -> Result<NodePods, Lis
     Ok(NodePods { total, must_leave })
 }
 
+/// How long an answer to "does DaemonSet ns/name exist" is trusted. Every
+/// drain round of every maintenance asks about the DaemonSets of its node's
+/// pods, mostly the same few cluster-wide ones (CNI, log agents): 100 nodes
+/// draining at once ask once per DaemonSet, not 100 times per round. A
+/// DaemonSet deleted meanwhile has its pods garbage-collected anyway; the
+/// orphan rule (kubectl's) only needs the answer to be recent.
+const DAEMONSET_ANSWER_TTL: Duration = Duration::from_secs(10);
+
+/// Recent answers: (namespace, name) -> (exists, when asked).
+type DaemonSetAnswers = HashMap<(String, String), (bool, Instant)>;
+static DAEMONSETS: LazyLock<Mutex<DaemonSetAnswers>> = LazyLock::new(Default::default);
+
+fn recent_answer(key: &(String, String)) -> Option<bool> {
+    let mut m = DAEMONSETS.lock().unwrap_or_else(|e| e.into_inner());
+    m.retain(|_, (_, at)| at.elapsed() < DAEMONSET_ANSWER_TTL);
+    m.get(key).map(|(exists, _)| *exists)
+}
+
+fn remember_answer(key: (String, String), exists: bool) {
+    DAEMONSETS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, (exists, Instant::now()));
+}
+
 /// `(namespace, name)` of the DaemonSets that exist among those the pods'
 /// classification needs (see `classify::daemonset_to_look_up`).
 async fn live_daemonsets(
@@ -329,6 +354,7 @@ async fn live_daemonsets(
     pods: &[Pod],
 ) -> Result<BTreeSet<(String, String)>, ListPodsError> {
     // One lookup per DaemonSet, remembering one of its pods for the error text.
+    let mut live = BTreeSet::new();
     let wanted: BTreeMap<(String, String), String> = pods
         .iter()
         .filter_map(|p| {
@@ -338,6 +364,14 @@ async fn live_daemonsets(
                     p.name_any(),
                 )
             })
+        })
+        .filter(|(key, _)| match recent_answer(key) {
+            Some(true) => {
+                live.insert(key.clone());
+                false
+            }
+            Some(false) => false,
+            None => true,
         })
         .collect();
     let answers: Vec<_> = futures::stream::iter(wanted)
@@ -349,8 +383,10 @@ async fn live_daemonsets(
         .buffer_unordered(DAEMONSET_LOOKUPS)
         .collect()
         .await;
-    let mut live = BTreeSet::new();
     for (namespace, name, pod, answer) in answers {
+        if let Ok(found) = &answer {
+            remember_answer((namespace.clone(), name.clone()), found.is_some());
+        }
         match answer {
             Ok(Some(_)) => {
                 live.insert((namespace, name));

@@ -305,8 +305,15 @@ impl Metrics {
     /// A client whose every request to the API server is counted as
     /// client-go counts it: `rest_client_requests_total{code,host,method}`
     /// and `rest_client_request_duration_seconds{verb,host}` (time to the
-    /// response headers). `host` is the API server's host:port.
-    pub fn counted_client(&self, config: kube::Config) -> anyhow::Result<kube::Client> {
+    /// response headers). `host` is the API server's host:port. At most
+    /// `max_in_flight` requests wait for their response headers at once (a
+    /// watch counts until its stream begins): kube's client speaks HTTP/1.1
+    /// and opens a connection per request in flight.
+    pub fn counted_client(
+        &self,
+        config: kube::Config,
+        max_in_flight: usize,
+    ) -> anyhow::Result<kube::Client> {
         let host = config
             .cluster_url
             .authority()
@@ -324,6 +331,7 @@ impl Metrics {
         Ok(kube::client::ClientBuilder::try_from(config)
             .map_err(|e| anyhow::anyhow!("building the Kubernetes client: {e}"))?
             .with_layer(&layer)
+            .with_layer(&tower::limit::ConcurrencyLimitLayer::new(max_in_flight))
             .build())
     }
 

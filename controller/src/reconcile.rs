@@ -20,7 +20,7 @@ use shared::consts::{
 use shared::{DrainTimeoutAction, NodeMaintenance, NodeMaintenanceStatus};
 
 use crate::conditions::{self, Cause};
-use crate::conflicts::{ConflictStreaks, OwnWrites};
+use crate::conflicts::{ConflictStreaks, Current, OwnWrites};
 use crate::drain::{self, PodOutcome};
 use crate::events::Events;
 use crate::leadership::Leadership;
@@ -164,12 +164,13 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
     // reconcile short and retrying is safe.
     let bounded = tokio::time::timeout(RECONCILE_TIMEOUT, async {
         // Never act on a cached copy older than our own last write.
-        let current = if ctx
+        let current = match ctx
             .own_writes
-            .is_stale(&name, nm.metadata.resource_version.as_deref())
+            .current(&name, nm.metadata.resource_version.as_deref())
         {
-            ctx.own_writes.forget(&name);
-            match ctx.nms().get_opt(&name).await {
+            Current::Cached => (*nm).clone(),
+            Current::Ours(latest) => *latest,
+            Current::ReadLive => match ctx.nms().get_opt(&name).await {
                 Ok(Some(live)) => live,
                 Ok(None) => return Ok(None),
                 Err(source) => {
@@ -179,9 +180,7 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
                         source,
                     });
                 }
-            }
-        } else {
-            (*nm).clone()
+            },
         };
         match step(current, &ctx).await {
             // Our copy came from the watch cache and the API server holds a
@@ -316,7 +315,8 @@ async fn patch_metadata(
     action: &'static str,
 ) -> Result<NodeMaintenance, Error> {
     let name = nm.name_any();
-    fields["resourceVersion"] = json!(nm.metadata.resource_version);
+    let based_on = nm.metadata.resource_version.clone();
+    fields["resourceVersion"] = json!(based_on);
     let written = ctx
         .nms()
         .patch(
@@ -330,8 +330,7 @@ async fn patch_metadata(
             name: name.clone(),
             source,
         })?;
-    ctx.own_writes
-        .wrote(&name, written.metadata.resource_version.as_deref());
+    ctx.own_writes.wrote(&name, based_on.as_deref(), &written);
     Ok(written)
 }
 
@@ -381,6 +380,7 @@ async fn write_status(
         }
     }
     let name = nm.name_any();
+    let based_on = nm.metadata.resource_version.clone();
     *nm = ctx
         .nms()
         .patch_status(
@@ -398,7 +398,7 @@ async fn write_status(
             source,
         })?;
     ctx.own_writes
-        .wrote(&nm.name_any(), nm.metadata.resource_version.as_deref());
+        .wrote(&nm.name_any(), based_on.as_deref(), nm);
     if let Some(event) = plan::transition_event(&old, &new) {
         ctx.events.on(nm, event).await;
     }
@@ -488,6 +488,7 @@ async fn maintain(
 ) -> Result<Requeue, Error> {
     let node_name = node.name_any();
     ensure_owner_reference(ctx, nm, node).await?;
+    let mut listed = None;
     if first_sight {
         // Persist the starting point before anything moves: if this write
         // loses to a newer object version, nothing was evicted on stale counts.
@@ -499,6 +500,7 @@ async fn maintain(
         );
         let why = Why::new(Cause::Progress, node::is_in_maintenance(node));
         write_status(ctx, nm, st, why).await?;
+        listed = Some(pods);
     }
 
     // The optional drain deadline (beyond upstream), counted from the cordon,
@@ -547,7 +549,7 @@ async fn maintain(
         tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, "node cordoned, tainted and excluded from remediation");
     }
 
-    let (round, mut left) = drain_round(ctx, &node_name).await?;
+    let (round, mut left) = drain_round(ctx, &node_name, listed).await?;
     let mut st = st;
     if deadline == plan::Deadline::Passed(DrainTimeoutAction::Force) {
         // A VM being live-migrated is left to finish: deleting its pod
@@ -657,40 +659,54 @@ async fn force_delete(
 }
 
 /// Evict what must leave the node (concurrently, bounded) and report what is
-/// still there and why.
+/// still there and why. `listed`: the pods as the first sight of this
+/// maintenance listed them moments ago (before the cordon), evicted without
+/// listing again; a round that would find nothing left on that list lists
+/// again, so Succeeded always rests on a list taken after the cordon.
 async fn drain_round(
     ctx: &Ctx,
     node_name: &str,
+    listed: Option<drain::NodePods>,
 ) -> Result<(plan::Round, Vec<k8s_openapi::api::core::v1::Pod>), Error> {
-    let pods = drain::list_node_pods(&ctx.client, node_name).await?;
-    let outcomes = drain::evict_all(
-        &ctx.evict_client,
-        pods.must_leave.clone(),
-        ctx.max_concurrent_evictions,
-    )
-    .await;
-    for o in outcomes.values() {
-        // A terminating pod got no eviction request this round.
-        if !matches!(o, PodOutcome::Terminating(_) | PodOutcome::Stuck { .. }) {
-            ctx.metrics.eviction(drain::outcome_label(o));
+    let mut listed = listed.filter(|p| !p.must_leave.is_empty());
+    loop {
+        let reused = listed.is_some();
+        let pods = match listed.take() {
+            Some(pods) => pods,
+            None => drain::list_node_pods(&ctx.client, node_name).await?,
+        };
+        let outcomes = drain::evict_all(
+            &ctx.evict_client,
+            pods.must_leave.clone(),
+            ctx.max_concurrent_evictions,
+        )
+        .await;
+        for o in outcomes.values() {
+            // A terminating pod got no eviction request this round.
+            if !matches!(o, PodOutcome::Terminating(_) | PodOutcome::Stuck { .. }) {
+                ctx.metrics.eviction(drain::outcome_label(o));
+            }
         }
+        let left: Vec<_> = pods
+            .must_leave
+            .into_iter()
+            .filter(|p| {
+                let r = drain::references(std::slice::from_ref(p));
+                r.first()
+                    .and_then(|r| outcomes.get(r))
+                    .is_none_or(|o| *o != PodOutcome::Gone)
+            })
+            .collect();
+        if reused && left.is_empty() {
+            continue; // "nothing left" needs a list taken after the cordon
+        }
+        let round = plan::Round {
+            remaining: drain::references(&left),
+            blocker: drain::blocker_summary(node_name, &outcomes),
+            migrating: drain::migrating(&outcomes),
+        };
+        return Ok((round, left));
     }
-    let left: Vec<_> = pods
-        .must_leave
-        .into_iter()
-        .filter(|p| {
-            let r = drain::references(std::slice::from_ref(p));
-            r.first()
-                .and_then(|r| outcomes.get(r))
-                .is_none_or(|o| *o != PodOutcome::Gone)
-        })
-        .collect();
-    let round = plan::Round {
-        remaining: drain::references(&left),
-        blocker: drain::blocker_summary(node_name, &outcomes),
-        migrating: drain::migrating(&outcomes),
-    };
-    Ok((round, left))
 }
 
 async fn ensure_owner_reference(
@@ -799,6 +815,8 @@ async fn cleanup(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
         .cloned()
         .collect();
     let nm = set_finalizers(ctx, &nm, rest).await?;
+    // The object goes now: nothing of ours to remember about it.
+    ctx.own_writes.forget(&name);
     ctx.events.on(&nm, EVENT_REMOVED_MAINTENANCE).await;
     Ok(None)
 }

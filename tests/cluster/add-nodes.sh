@@ -8,7 +8,8 @@
 # every 5 s.
 #
 # Names continue after the highest existing PREFIX-<k> (worker-4, worker-5, ...),
-# so running it twice adds 2N nodes. Prints the new node names, one per line.
+# so running it twice adds 2N nodes. Each is labelled nmo-rs/node-pool=PREFIX.
+# Prints the new node names, one per line.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
@@ -36,7 +37,7 @@ done
 names=()
 for ((i = max + 1; i <= max + count; i++)); do names+=("$prefix-$i"); done
 
-create_nodes worker "${names[@]}"
+NODE_POOL="$prefix" create_nodes worker "${names[@]}"
 # The wait grows with the count: kwok and the node lifecycle controller take
 # a few minutes for a thousand nodes on two cores (NODE_TIMEOUT overrides).
 timeout="${NODE_TIMEOUT:-$((120 + count / 2))}"

@@ -206,11 +206,12 @@ apiserver_ready() {
     "https://127.0.0.1:$API_PORT/readyz" 2>/dev/null)" = ok ]
 }
 
-# node_manifest NAME ROLE(control-plane|worker): a Node kwok manages (annotation
-# kwok.x-k8s.io/node=fake). Status is kept on create, so the capacity set here is
-# what the scheduler sees.
+# node_manifest NAME ROLE(control-plane|worker) [POOL]: a Node kwok manages
+# (annotation kwok.x-k8s.io/node=fake), labelled nmo-rs/node-pool=POOL when
+# given (workloads of the scale bench select their nodes by it). Status is kept
+# on create, so the capacity set here is what the scheduler sees.
 node_manifest() {
-  local name=$1 role=$2
+  local name=$1 role=$2 pool=${3:-}
   cat <<EOF
 apiVersion: v1
 kind: Node
@@ -225,6 +226,7 @@ metadata:
     kubernetes.io/os: linux
     kubernetes.io/arch: amd64
 EOF
+  [ -z "$pool" ] || echo "    nmo-rs/node-pool: $pool"
   if [ "$role" = control-plane ]; then
     cat <<EOF
     node-role.kubernetes.io/control-plane: ""
@@ -254,6 +256,7 @@ EOF
 
 # create_nodes ROLE NAME...: creates the named nodes that do not exist yet (existing
 # ones are left alone, so a reused cluster keeps whatever cordons/taints tests set).
+# NODE_POOL, when set, labels them nmo-rs/node-pool=NODE_POOL.
 create_nodes() {
   local role=$1; shift
   local existing missing=() n
@@ -263,7 +266,7 @@ create_nodes() {
   done
   [ ${#missing[@]} -gt 0 ] || return 0
   log "creating $role nodes: ${missing[*]}"
-  for n in "${missing[@]}"; do node_manifest "$n" "$role"; done | kc create -f - >/dev/null
+  for n in "${missing[@]}"; do node_manifest "$n" "$role" "${NODE_POOL:-}"; done | kc create -f - >/dev/null
 }
 
 # wait_nodes_ready TIMEOUT NAME...: waits for Ready=True (set by kwok) and for the

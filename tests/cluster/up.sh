@@ -23,7 +23,21 @@
 # grab them between the check and the start. The chosen ones are in .cluster/state.env.
 #
 # Other knobs: COMPONENT_TIMEOUT (s per component, default 120), NODE_TIMEOUT
-# (default 120), NMO_CLUSTER_DIR (state dir, default <repo>/.cluster).
+# (default 120), NMO_CLUSTER_DIR (state dir, default <repo>/.cluster),
+# PLANE_PROFILE (default, or scale: see below). A running plane of another
+# profile is replaced.
+#
+# PLANE_PROFILE=scale tunes the plane for 1,000 fake nodes on two cores (the
+# scale bench, tests/bench-scale.sh):
+# - kube-controller-manager and kube-scheduler may send 500 requests/s (burst
+#   1000): at their defaults (20 and 50) creating and placing 30,000 pods
+#   takes over half an hour;
+# - kwok renews each node's Lease every 60 s (nodeLeaseDurationSeconds 240; a
+#   kubelet renews every 10 s) and plays stages with 16 workers: at 10 s,
+#   1,000 nodes are 100 renewals/s, kwok falls behind, and it leaves alone the
+#   pods of every node whose Lease it no longer holds (they never get Ready);
+# - so the node lifecycle controller waits 360 s for a heartbeat before it
+#   marks a node NotReady.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
@@ -37,6 +51,20 @@ SERVICE_CIDR="10.96.0.0/12"
 SERVICE_API_IP="10.96.0.1" # first address of SERVICE_CIDR: the 'kubernetes' Service
 [[ "$CONTROL_PLANES" =~ ^[0-9]+$ && "$WORKERS" =~ ^[0-9]+$ ]] ||
   die "CONTROL_PLANES and WORKERS must be non-negative integers (got '$CONTROL_PLANES', '$WORKERS')"
+PLANE_PROFILE="${PLANE_PROFILE:-default}"
+KCM_TUNING=() SCHED_TUNING=() KWOK_TUNING=()
+KWOK_CONFIG="$CLUSTER_LIB_DIR/kwok.yaml"
+case "$PLANE_PROFILE" in
+  default) ;;
+  scale)
+    KCM_TUNING=(--kube-api-qps=500 --kube-api-burst=1000 --node-monitor-grace-period=360s)
+    SCHED_TUNING=(--kube-api-qps=500 --kube-api-burst=1000)
+    KWOK_TUNING=(--node-lease-duration-seconds=240)
+    # Written again on every fresh start (fresh_start), from kwok.yaml.
+    KWOK_CONFIG="$CLUSTER_DIR/kwok-scale.yaml"
+    ;;
+  *) die "PLANE_PROFILE must be 'default' or 'scale', got '$PLANE_PROFILE'" ;;
+esac
 
 fix_no_proxy
 need_cmd curl curl
@@ -112,6 +140,10 @@ plane_healthy() {
   apiserver_ready || { log "API server of the previous plane is not ready; replacing the plane"; return 1; }
   audit_config_current || {
     log "API server of the previous plane lacks the audit log flags or policy of this up.sh; replacing the plane"
+    return 1
+  }
+  [ "${STATE_PROFILE:-default}" = "$PLANE_PROFILE" ] || {
+    log "the running plane has profile '${STATE_PROFILE:-default}', PLANE_PROFILE asks for '$PLANE_PROFILE'; replacing the plane"
     return 1
   }
 }
@@ -284,19 +316,26 @@ fresh_start() {
     --service-account-private-key-file="$PKI/sa.key" \
     --root-ca-file="$PKI/ca.crt" \
     --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
-    --use-service-account-credentials=true
+    --use-service-account-credentials=true \
+    ${KCM_TUNING[@]+"${KCM_TUNING[@]}"}
   start_component kube-scheduler "$BIN/kube-scheduler" \
     --kubeconfig="$PKI/kube-scheduler.kubeconfig" \
     --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" \
-    --leader-elect=false
+    --leader-elect=false \
+    ${SCHED_TUNING[@]+"${SCHED_TUNING[@]}"}
   # kwok.yaml pins kwok's configuration, so a ~/.kwok/kwok.yaml on a developer's
   # machine cannot change the behaviour (kwok reads it by default).
+  if [ "$PLANE_PROFILE" = scale ]; then
+    sed -E 's/^(  (nodeLease|nodePlayStage|podPlayStage)Parallelism:) [0-9]+$/\1 16/; s/^(  podsOnNodeSyncParallelism:) [0-9]+$/\1 4/' \
+      "$CLUSTER_LIB_DIR/kwok.yaml" >"$KWOK_CONFIG"
+  fi
   start_component kwok "$BIN/kwok" \
     --kubeconfig="$PKI/kwok.kubeconfig" \
-    --config="$CLUSTER_LIB_DIR/kwok.yaml" \
+    --config="$KWOK_CONFIG" \
     --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-    --server-address="127.0.0.1:$KWOK_PORT"
+    --server-address="127.0.0.1:$KWOK_PORT" \
+    ${KWOK_TUNING[@]+"${KWOK_TUNING[@]}"}
   wait_healthy kube-controller-manager https_healthz "$KCM_PORT"
   wait_healthy kube-scheduler https_healthz "$SCHED_PORT"
   wait_healthy kwok kwok_ok
@@ -304,6 +343,7 @@ fresh_start() {
   cat >"$STATE_FILE" <<EOF
 # written by tests/cluster/up.sh; read by up.sh, add-nodes.sh and tests
 STATE_BIN=$BIN
+STATE_PROFILE=$PLANE_PROFILE
 K8S_VERSION=$K8S_VERSION
 ETCD_PORT=$ETCD_PORT
 ETCD_PEER_PORT=$ETCD_PEER_PORT

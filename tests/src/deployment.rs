@@ -37,7 +37,7 @@ pub fn render(dir: &str) -> anyhow::Result<String> {
     if let Some(hit) = CACHE.lock().ok().and_then(|c| c.get(dir).cloned()) {
         return Ok(hit);
     }
-    let kubectl = crate::repo_root().join(".cluster/bin/kubectl");
+    let kubectl = crate::cluster_dir().join("bin/kubectl");
     let path = crate::repo_root().join("manifests").join(dir);
     let out = Command::new(&kubectl)
         .arg("kustomize")

@@ -10,6 +10,8 @@ pub mod image;
 pub mod manifests;
 pub mod plane;
 pub mod process;
+pub mod scale;
+pub mod scrape;
 pub mod wait;
 pub mod webhook_pod;
 

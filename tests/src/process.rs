@@ -63,6 +63,25 @@ pub fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
+/// A fresh token of ServiceAccount `namespace/sa` (TokenRequest API), valid 2 h.
+pub async fn service_account_token(
+    client: &Client,
+    namespace: &str,
+    sa: &str,
+) -> anyhow::Result<String> {
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let req: TokenRequest = serde_json::from_value(json!({
+        "spec": {"audiences": [], "expirationSeconds": 7200}
+    }))?;
+    Ok(api
+        .create_token_request(sa, &Default::default(), &req)
+        .await
+        .with_context(|| format!("minting a token for ServiceAccount {namespace}/{sa}"))?
+        .status
+        .context("TokenRequest without status")?
+        .token)
+}
+
 /// Write a kubeconfig that authenticates as `namespace/sa` with a fresh token.
 pub async fn service_account_kubeconfig(
     client: &Client,
@@ -70,17 +89,7 @@ pub async fn service_account_kubeconfig(
     sa: &str,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    let req: TokenRequest = serde_json::from_value(json!({
-        "spec": {"audiences": [], "expirationSeconds": 7200}
-    }))?;
-    let token = api
-        .create_token_request(sa, &Default::default(), &req)
-        .await
-        .with_context(|| format!("minting a token for ServiceAccount {namespace}/{sa}"))?
-        .status
-        .context("TokenRequest without status")?
-        .token;
+    let token = service_account_token(client, namespace, sa).await?;
     let admin = std::fs::read_to_string(crate::kubeconfig_path())?;
     let admin: serde_yaml::Value = serde_yaml::from_str(&admin)?;
     let cluster = admin["clusters"][0]["cluster"].clone();

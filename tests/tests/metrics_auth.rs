@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, StatusCode};
-use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{DeleteParams, PostParams};
@@ -41,17 +40,9 @@ struct Setup {
 }
 
 async fn token(client: &Client, sa: &str) -> String {
-    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    let req: TokenRequest = serde_json::from_value(json!({
-        "spec": {"audiences": [], "expirationSeconds": 3600}
-    }))
-    .expect("token request");
-    api.create_token_request(sa, &PostParams::default(), &req)
+    nmo_tests::process::service_account_token(client, NS, sa)
         .await
-        .unwrap_or_else(|e| panic!("minting a token for {NS}/{sa}: {e}"))
-        .status
-        .expect("TokenRequest status")
-        .token
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 impl Setup {
