@@ -8,7 +8,8 @@
 //!
 //! - **PodDisruptionBudgets**: one cluster-wide watch. PDBs are few (one per
 //!   workload at most) and kube's `metadata_watcher` would not do: what
-//!   matters is `status.disruptionsAllowed`. No cache: two facts per PDB are
+//!   matters is `status.disruptionsAllowed`, so each is decoded to just that
+//!   and its generation (`shared::lean::PdbView`). No cache: two facts per PDB are
 //!   kept (its generation, whether it allows a disruption). A PDB that allows a
 //!   disruption where it did not, whose spec changed (its selector may no
 //!   longer pick the pod), or that was deleted, wakes every Running
@@ -39,11 +40,11 @@ use std::time::Duration;
 use futures::stream::{AbortHandle, BoxStream, SelectAll};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
+use shared::lean::PdbView;
 use shared::{MaintenancePhase, NodeMaintenance};
 
 use crate::queue_metrics::WorkQueue;
@@ -65,8 +66,8 @@ pub fn wakes(
     queue: WorkQueue,
 ) -> impl Stream<Item = ObjectRef<NodeMaintenance>> + Send + 'static {
     let pdbs = watcher(
-        Api::<PodDisruptionBudget>::all(client.clone()),
-        watcher::Config::default(),
+        Api::<PdbView>::all(client.clone()),
+        watcher::Config::default().page_size(crate::watches::LIST_PAGE),
     )
     .backoff(shared::watch::reconnect_backoff())
     .boxed();
@@ -107,7 +108,7 @@ struct Blockers {
     client: Client,
     store: Store<NodeMaintenance>,
     queue: WorkQueue,
-    pdbs: BoxStream<'static, WatchEvent<PodDisruptionBudget>>,
+    pdbs: BoxStream<'static, WatchEvent<PdbView>>,
     pdb_facts: Pdbs,
     /// The pod watches of the nodes in `watched`, each event with its node.
     pods: SelectAll<BoxStream<'static, (String, WatchEvent<PartialObjectMeta<Pod>>)>>,
@@ -136,7 +137,7 @@ impl Blockers {
         self.ready.push_back(ObjectRef::from_obj(nm));
     }
 
-    fn on_pdb(&mut self, event: WatchEvent<PodDisruptionBudget>) {
+    fn on_pdb(&mut self, event: WatchEvent<PdbView>) {
         let event = match event {
             Ok(e) => e,
             Err(e) => return log_watch_error("poddisruptionbudgets.policy", &e),
@@ -318,7 +319,7 @@ struct PdbFacts {
 }
 
 impl PdbFacts {
-    fn of(pdb: &PodDisruptionBudget) -> PdbFacts {
+    fn of(pdb: &PdbView) -> PdbFacts {
         PdbFacts {
             generation: pdb.metadata.generation,
             allows: pdb
@@ -346,7 +347,7 @@ struct Pdbs {
 }
 
 impl Pdbs {
-    fn on_event(&mut self, event: watcher::Event<PodDisruptionBudget>) -> Vec<Cleared> {
+    fn on_event(&mut self, event: watcher::Event<PdbView>) -> Vec<Cleared> {
         match event {
             watcher::Event::Init => {
                 self.listing = Some(HashSet::new());
@@ -395,7 +396,7 @@ impl Pdbs {
     }
 }
 
-fn key(pdb: &PodDisruptionBudget) -> (String, String) {
+fn key(pdb: &PdbView) -> (String, String) {
     (pdb.namespace().unwrap_or_default(), pdb.name_any())
 }
 
@@ -413,7 +414,7 @@ mod tests {
     use serde_json::json;
     use watcher::Event;
 
-    fn pdb(ns: &str, name: &str, generation: i64, allowed: i32) -> PodDisruptionBudget {
+    fn pdb(ns: &str, name: &str, generation: i64, allowed: i32) -> PdbView {
         serde_json::from_value(json!({
             "metadata": {"namespace": ns, "name": name, "generation": generation},
             "status": {"disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}

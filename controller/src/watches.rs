@@ -8,15 +8,19 @@ use std::time::Duration;
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use shared::NodeMaintenance;
+use shared::lean::NodeView;
 use shared::probes::Gate;
 
 use crate::metrics::Metrics;
 use crate::queue_metrics::WorkQueue;
+
+/// Objects per page of a watch's full list (kube's default is 500): the
+/// page's JSON is held whole while it is decoded.
+pub const LIST_PAGE: u32 = 100;
 
 /// The NodeMaintenance watch feeding `store`: Ready (`synced`) once the first
 /// full list is in the cache. A later full list means the watch had lost track
@@ -34,7 +38,7 @@ pub fn nodemaintenances(
     impl Stream<Item = Result<NodeMaintenance, watcher::Error>> + Send + 'static,
     UnboundedReceiver<()>,
 ) {
-    let mut wc = watcher::Config::default();
+    let mut wc = watcher::Config::default().page_size(LIST_PAGE);
     if !selector.is_empty() {
         wc = wc.labels(selector);
     }
@@ -114,38 +118,46 @@ fn show(metrics: &Metrics, nm: &NodeMaintenance) {
 }
 
 /// Node changes that matter to a maintenance (cordon, taints, labels, a node
-/// recreated under the same name), as a stream of nodes.
-pub fn nodes(client: Client) -> impl Stream<Item = Result<Node, watcher::Error>> + Send + 'static {
-    watcher(Api::<Node>::all(client), watcher::Config::default())
-        .inspect(|event| {
-            if let Err(e) = event {
-                log_watch_error("nodes", e);
-            }
-        })
-        .applied_objects()
-        .predicate_filter(
-            |n: &Node| {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                if let Some(spec) = &n.spec {
-                    spec.unschedulable.hash(&mut h);
-                    if let Some(t) = &spec.taints {
-                        for t in t {
-                            (&t.key, &t.effect).hash(&mut h);
-                        }
+/// recreated under the same name), as a stream of nodes, each decoded to
+/// just those fields (`shared::lean`: a thousand nodes cost their names,
+/// labels and taints, not their status). Listed 100 at a time, so the first
+/// list never holds more than a small page of JSON.
+pub fn nodes(
+    client: Client,
+) -> impl Stream<Item = Result<NodeView, watcher::Error>> + Send + 'static {
+    watcher(
+        Api::<NodeView>::all(client),
+        watcher::Config::default().page_size(LIST_PAGE),
+    )
+    .inspect(|event| {
+        if let Err(e) = event {
+            log_watch_error("nodes", e);
+        }
+    })
+    .applied_objects()
+    .predicate_filter(
+        |n: &NodeView| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            if let Some(spec) = &n.spec {
+                spec.unschedulable.hash(&mut h);
+                if let Some(t) = &spec.taints {
+                    for t in t {
+                        (&t.key, &t.effect).hash(&mut h);
                     }
                 }
-                n.metadata.labels.hash(&mut h);
-                n.metadata.uid.hash(&mut h);
-                Some(h.finish())
-            },
-            Default::default(),
-        )
+            }
+            n.metadata.labels.hash(&mut h);
+            n.metadata.uid.hash(&mut h);
+            Some(h.finish())
+        },
+        Default::default(),
+    )
 }
 
 /// The NodeMaintenances (from the cache) that name `node`, each queued.
 pub fn maintenances_of(
     store: &Store<NodeMaintenance>,
-    node: &Node,
+    node: &NodeView,
     queue: &WorkQueue,
 ) -> Vec<ObjectRef<NodeMaintenance>> {
     let name = node.name_any();

@@ -18,11 +18,11 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ApiResource, DynamicObject, ListParams};
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use shared::consts::{ETCD_NAMESPACE, OPENSHIFT_CONFIG_GROUP, OPENSHIFT_CONFIG_VERSION};
+use shared::lean::NodeMeta;
 use shared::nodes::is_control_plane;
 use shared::probes::{Gate, Readiness};
 use shared::slots;
@@ -33,6 +33,10 @@ use crate::etcd;
 use crate::metrics::Metrics;
 use crate::validate::{EtcdGuard, Lookups, NodeFacts, Unavailable};
 use crate::warnings::{self, Facts, PdbFacts, PodFacts};
+
+/// Objects per page of a cache's full list (kube's default is 500): the
+/// page's JSON is held whole while it is decoded.
+const LIST_PAGE: u32 = 100;
 
 /// Cache names, used for readiness gates, the `cache` metric label and logs.
 const NODES: &str = "nodes";
@@ -94,7 +98,7 @@ struct EtcdCaches {
 /// The caches behind [`Lookups`].
 pub struct Caches {
     client: Client,
-    nodes: Cached<PartialObjectMeta<Node>>,
+    nodes: Cached<NodeMeta>,
     maintenances: Cached<NodeMaintenance>,
     /// Set once OpenShift detection finished: `Some` on OpenShift.
     etcd: OnceLock<Option<EtcdCaches>>,
@@ -119,16 +123,13 @@ impl Caches {
         let nodes = spawn_cache(
             NODES,
             "get, list and watch on nodes",
-            // Metadata-only requests: the labels are all the rules need.
+            // Metadata-only requests, decoded to name and labels (the roles,
+            // all the rules read; shared::lean), 100 nodes per list page.
             watcher(
-                Api::<PartialObjectMeta<Node>>::all(client.clone()),
-                watcher::Config::default(),
+                Api::<NodeMeta>::all(client.clone()),
+                watcher::Config::default().page_size(LIST_PAGE),
             ),
-            |n: &mut PartialObjectMeta<Node>| {
-                // Only the name and the role labels matter; node annotations can be large.
-                n.managed_fields_mut().clear();
-                n.annotations_mut().clear();
-            },
+            |_: &mut NodeMeta| {},
             readiness,
             metrics,
         );
@@ -137,7 +138,7 @@ impl Caches {
             "get, list and watch on nodemaintenances.nodemaintenance.medik8s.io",
             watcher(
                 Api::<NodeMaintenance>::all(client.clone()),
-                watcher::Config::default(),
+                watcher::Config::default().page_size(LIST_PAGE),
             ),
             |nm: &mut NodeMaintenance| {
                 nm.managed_fields_mut().clear();
@@ -159,7 +160,7 @@ impl Caches {
             "list and watch on poddisruptionbudgets (for admission warnings only)",
             watcher(
                 Api::<PodDisruptionBudget>::all(client.clone()),
-                watcher::Config::default(),
+                watcher::Config::default().page_size(LIST_PAGE),
             ),
             slim_pdb,
             &Readiness::default(),

@@ -1,0 +1,204 @@
+//! Watch types that decode only what a decision reads. A kwok node is 2-3 KB
+//! of JSON, a real one 10-50 KB (images, managedFields); decoded into
+//! k8s-openapi's `Node` each becomes several times that in memory, and a
+//! list page of 500 nodes is decoded at once. These types take the few fields
+//! the services use and let serde skip the rest while parsing, so a thousand
+//! nodes cost what their names, labels and taints cost.
+//!
+//! Each type is a [`kube::Resource`] of the real kind, so `Api`, watchers and
+//! reflector stores work with it as with the full type; types marked
+//! metadata-only also ask the API server for metadata only (kube's
+//! `PartialObjectMetadata` Accept header), so spec and status never travel.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::core::{ClusterResourceScope, NamespaceResourceScope};
+use serde::{Deserialize, Deserializer};
+
+/// The metadata fields any decision here reads; annotations and managedFields
+/// (the bulk of an object's metadata) are skipped.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeanMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    deletion_timestamp: Option<Time>,
+}
+
+/// Deserialize `metadata` keeping only [`LeanMeta`]'s fields.
+pub fn meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = LeanMeta::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        generation: m.generation,
+        labels: m.labels,
+        deletion_timestamp: m.deletion_timestamp,
+        ..ObjectMeta::default()
+    })
+}
+
+/// Implements [`kube::Resource`] for a lean type of a built-in kind.
+macro_rules! lean_resource {
+    ($ty:ty, $scope:ty, $group:literal, $version:literal, $kind:literal, $plural:literal, metadata_only: $meta_only:literal) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = $scope;
+            fn kind(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($kind)
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($group)
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($version)
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed($plural)
+            }
+            fn metadata_api() -> bool {
+                $meta_only
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+/// A Node as the controller watches it: name, uid, labels, cordon, taints.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NodeView {
+    #[serde(deserialize_with = "meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<NodeSpecView>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq, Hash)]
+pub struct NodeSpecView {
+    #[serde(default)]
+    pub unschedulable: Option<bool>,
+    #[serde(default)]
+    pub taints: Option<Vec<TaintView>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq, Hash)]
+pub struct TaintView {
+    pub key: String,
+    #[serde(default)]
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+lean_resource!(NodeView, ClusterResourceScope, "", "v1", "Node", "nodes", metadata_only: false);
+
+/// A Node's metadata only (requested metadata-only): name, uid and labels
+/// (the roles), which is all the webhook's rules read.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NodeMeta {
+    #[serde(deserialize_with = "meta")]
+    pub metadata: ObjectMeta,
+}
+
+lean_resource!(NodeMeta, ClusterResourceScope, "", "v1", "Node", "nodes", metadata_only: true);
+
+/// A PodDisruptionBudget as the controller's blocker watch needs it: its
+/// generation (spec changes) and whether it allows a disruption.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PdbView {
+    #[serde(deserialize_with = "meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub status: Option<PdbStatusView>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PdbStatusView {
+    #[serde(default)]
+    pub disruptions_allowed: i32,
+}
+
+lean_resource!(
+    PdbView,
+    NamespaceResourceScope,
+    "policy",
+    "v1",
+    "PodDisruptionBudget",
+    "poddisruptionbudgets",
+    metadata_only: false
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::Resource;
+    use serde_json::json;
+
+    #[test]
+    fn a_node_decodes_to_its_names_labels_and_taints_only() {
+        let node: NodeView = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {
+                "name": "worker-1", "uid": "u1", "resourceVersion": "7",
+                "labels": {"node-role.kubernetes.io/worker": ""},
+                "annotations": {"big": "x".repeat(10_000)},
+                "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+            },
+            "spec": {"unschedulable": true, "podCIDR": "10.0.0.0/24",
+                     "taints": [{"key": "medik8s.io/drain", "effect": "NoSchedule"}]},
+            "status": {"images": [{"names": ["a"], "sizeBytes": 1}], "capacity": {"cpu": "4"}}
+        }))
+        .expect("node");
+        assert_eq!(node.metadata.name.as_deref(), Some("worker-1"));
+        assert_eq!(node.metadata.uid.as_deref(), Some("u1"));
+        assert!(node.metadata.annotations.is_none());
+        assert!(node.metadata.managed_fields.is_none());
+        let spec = node.spec.expect("spec");
+        assert_eq!(spec.unschedulable, Some(true));
+        assert_eq!(spec.taints.expect("taints")[0].key, "medik8s.io/drain");
+        assert_eq!(NodeView::plural(&()), "nodes");
+        assert!(!NodeView::metadata_api());
+        assert!(NodeMeta::metadata_api());
+        assert_eq!(NodeView::url_path(&(), None), "/api/v1/nodes");
+    }
+
+    #[test]
+    fn metadata_only_answers_and_pdbs_decode() {
+        let node: NodeMeta = serde_json::from_value(json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": "cp-1", "labels": {"node-role.kubernetes.io/master": ""}}
+        }))
+        .expect("partial object metadata");
+        assert!(
+            node.metadata
+                .labels
+                .expect("labels")
+                .contains_key("node-role.kubernetes.io/master")
+        );
+        let pdb: PdbView = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "shop", "generation": 2},
+            "spec": {"maxUnavailable": 1},
+            "status": {"disruptionsAllowed": 1, "currentHealthy": 3, "conditions": []}
+        }))
+        .expect("pdb");
+        assert_eq!(pdb.metadata.generation, Some(2));
+        assert_eq!(pdb.status.expect("status").disruptions_allowed, 1);
+        assert_eq!(
+            PdbView::url_path(&(), Some("shop")),
+            "/apis/policy/v1/namespaces/shop/poddisruptionbudgets"
+        );
+    }
+}
