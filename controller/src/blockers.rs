@@ -39,12 +39,10 @@ use std::time::Duration;
 
 use futures::stream::{AbortHandle, BoxStream, SelectAll};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use shared::lean::PdbView;
+use shared::lean::{PdbView, PodMeta};
 use shared::{MaintenancePhase, NodeMaintenance};
 
 use crate::queue_metrics::WorkQueue;
@@ -111,7 +109,7 @@ struct Blockers {
     pdbs: BoxStream<'static, WatchEvent<PdbView>>,
     pdb_facts: Pdbs,
     /// The pod watches of the nodes in `watched`, each event with its node.
-    pods: SelectAll<BoxStream<'static, (String, WatchEvent<PartialObjectMeta<Pod>>)>>,
+    pods: SelectAll<BoxStream<'static, (String, WatchEvent<PodMeta>)>>,
     watched: BTreeMap<String, PodWatch>,
     over_limit_logged: bool,
     ready: VecDeque<ObjectRef<NodeMaintenance>>,
@@ -153,7 +151,7 @@ impl Blockers {
         }
     }
 
-    fn on_pod(&mut self, node: &str, event: WatchEvent<PartialObjectMeta<Pod>>) {
+    fn on_pod(&mut self, node: &str, event: WatchEvent<PodMeta>) {
         match event {
             Ok(watcher::Event::Delete(pod)) => {
                 let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
@@ -231,7 +229,7 @@ impl Blockers {
             }
             let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
             let (pods, stop) = futures::stream::abortable(
-                watcher(Api::<PartialObjectMeta<Pod>>::all(self.client.clone()), wc)
+                watcher(Api::<PodMeta>::all(self.client.clone()), wc)
                     .backoff(shared::watch::reconnect_backoff()),
             );
             let of = node.clone();

@@ -114,6 +114,16 @@ pub struct NodeMeta {
 
 lean_resource!(NodeMeta, ClusterResourceScope, "", "v1", "Node", "nodes", metadata_only: true);
 
+/// A Pod's metadata only (requested metadata-only): namespace, name, uid,
+/// labels; what a watch for pods leaving a node needs.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PodMeta {
+    #[serde(deserialize_with = "meta")]
+    pub metadata: ObjectMeta,
+}
+
+lean_resource!(PodMeta, NamespaceResourceScope, "", "v1", "Pod", "pods", metadata_only: true);
+
 /// A PodDisruptionBudget as the controller's blocker watch needs it: its
 /// generation (spec changes) and whether it allows a disruption.
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -265,7 +265,11 @@ create_nodes() {
     [[ "$existing" == *" $n "* ]] || missing+=("$n")
   done
   [ ${#missing[@]} -gt 0 ] || return 0
-  log "creating $role nodes: ${missing[*]}"
+  if [ ${#missing[@]} -le 10 ]; then
+    log "creating $role nodes: ${missing[*]}"
+  else
+    log "creating ${#missing[@]} $role nodes: ${missing[0]} ... ${missing[${#missing[@]} - 1]}"
+  fi
   for n in "${missing[@]}"; do node_manifest "$n" "$role" "${NODE_POOL:-}"; done | kc create -f - >/dev/null
 }
 
