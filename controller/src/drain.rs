@@ -72,7 +72,17 @@ pub enum PodOutcome {
     },
     /// Any other refusal or failure (eviction webhook, several PDBs, network).
     Failed(String),
+    /// Not answered within the round's [`EVICTION_BUDGET`] (the API server is
+    /// busy, or many drains queue for the client): the next round asks again.
+    /// Progress, not a blocker.
+    Deferred,
 }
+
+/// How long one round waits for its evictions. Beyond it the rest are
+/// [`PodOutcome::Deferred`] and the round ends, writing what it learnt: a
+/// reconcile cut short by its timeout would write nothing at all. When 100
+/// nodes drain at once on a busy API server, every round gets its share.
+pub const EVICTION_BUDGET: Duration = Duration::from_secs(15);
 
 impl PodOutcome {
     pub fn describe(&self) -> String {
@@ -96,6 +106,10 @@ impl PodOutcome {
                 human(Duration::from_secs(*since_secs))
             ),
             PodOutcome::Failed(m) => format!("eviction failed: {m}"),
+            PodOutcome::Deferred => format!(
+                "eviction not answered within {} (the API server is busy); asked again next round",
+                human(EVICTION_BUDGET)
+            ),
         }
     }
 
@@ -121,7 +135,7 @@ impl PodOutcome {
 }
 
 /// The `result` label of `nmo_evictions_total` for one outcome: evicted,
-/// gone, blocked, migrating, failed; "terminating" when no eviction was
+/// gone, blocked, migrating, failed, deferred; "terminating" when no eviction was
 /// requested (the pod was already terminating: not counted).
 pub fn outcome_label(outcome: &PodOutcome) -> &'static str {
     match outcome {
@@ -131,6 +145,7 @@ pub fn outcome_label(outcome: &PodOutcome) -> &'static str {
         PodOutcome::Blocked(_) => "blocked",
         PodOutcome::Migrating { .. } => "migrating",
         PodOutcome::Failed(_) => "failed",
+        PodOutcome::Deferred => "deferred",
     }
 }
 
@@ -518,14 +533,27 @@ async fn evict_one(client: Client, pod: Pod) -> (PodReference, PodOutcome) {
     (r, outcome)
 }
 
-/// Evict every pod in `pods` at most `concurrency` at a time.
+/// Evict every pod in `pods` at most `concurrency` at a time; those not
+/// answered by `deadline` are [`PodOutcome::Deferred`].
 pub async fn evict_all(
     client: &Client,
     pods: Vec<Pod>,
     concurrency: usize,
+    deadline: tokio::time::Instant,
 ) -> BTreeMap<PodReference, PodOutcome> {
     futures::stream::iter(pods)
-        .map(|p| evict_one(client.clone(), p))
+        .map(|p| {
+            let r = PodReference {
+                namespace: p.namespace().unwrap_or_default(),
+                name: p.name_any(),
+            };
+            let eviction = evict_one(client.clone(), p);
+            async move {
+                tokio::time::timeout_at(deadline, eviction)
+                    .await
+                    .unwrap_or((r, PodOutcome::Deferred))
+            }
+        })
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await

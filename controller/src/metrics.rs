@@ -178,7 +178,7 @@ impl Metrics {
         )?;
         let evictions = counter(
             "nmo_evictions_total",
-            "Eviction requests by outcome (evicted, gone, migrating, blocked, failed)",
+            "Eviction requests by outcome (evicted, gone, migrating, blocked, failed; deferred: not answered within the round's budget)",
             &["result"],
         )?;
         // client-go's label order: code, method, host.

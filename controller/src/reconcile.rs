@@ -679,6 +679,7 @@ async fn drain_round(
             &ctx.evict_client,
             pods.must_leave.clone(),
             ctx.max_concurrent_evictions,
+            tokio::time::Instant::now() + drain::EVICTION_BUDGET,
         )
         .await;
         for o in outcomes.values() {

@@ -44,8 +44,9 @@ pub fn kubeconfig_path() -> PathBuf {
     cluster_dir().join("kubeconfig")
 }
 
-/// An admin client for the local control plane, or an error that says how to start it.
-pub async fn admin_client() -> anyhow::Result<Client> {
+/// The admin client configuration of the local control plane, or an error
+/// that says how to start it.
+pub async fn admin_config() -> anyhow::Result<kube::Config> {
     let path = kubeconfig_path();
     let kc = Kubeconfig::read_from(&path).with_context(|| {
         format!(
@@ -53,10 +54,14 @@ pub async fn admin_client() -> anyhow::Result<Client> {
             path.display()
         )
     })?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+    kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
-        .context("loading the local kubeconfig")?;
-    Client::try_from(cfg).context("building a client for the local control plane")
+        .context("loading the local kubeconfig")
+}
+
+/// An admin client for the local control plane, or an error that says how to start it.
+pub async fn admin_client() -> anyhow::Result<Client> {
+    Client::try_from(admin_config().await?).context("building a client for the local control plane")
 }
 
 /// A name unique to this test process and call: `<prefix>-<pid hex>-<n>`.

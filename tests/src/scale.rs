@@ -157,6 +157,19 @@ impl Census {
         by_node
     }
 
+    /// The pods on `nodes` a drain evicts (all but the DaemonSet's), by name.
+    pub fn evictable_on(&self, nodes: &[String]) -> Vec<String> {
+        let wanted: std::collections::HashSet<&String> = nodes.iter().collect();
+        let Ok(map) = self.pods.lock() else {
+            return vec![];
+        };
+        map.iter()
+            .filter(|(_, f)| f.kind != Kind::DaemonSet)
+            .filter(|(_, f)| f.node.as_ref().is_some_and(|n| wanted.contains(n)))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Nodes of `nodes` without exactly [`PODS_PER_NODE`] Ready pods, with their count.
     fn off_target(&self, nodes: &[String]) -> Vec<(String, usize)> {
         let ready = self.per_node_where(|f| f.ready && f.kind != Kind::Churn);

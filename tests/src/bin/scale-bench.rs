@@ -45,6 +45,8 @@ const ALL_SUCCEEDED_TARGET: Duration = Duration::from_secs(5);
 /// "A small constant" of API requests per maintenance beyond its evictions.
 const REQUESTS_BEYOND_EVICTIONS: f64 = 20.0;
 const LONG: Duration = Duration::from_secs(120);
+/// For the stages that move thousands of pods on a plane of two cores.
+const MASS: Duration = Duration::from_secs(900);
 
 struct Settings {
     nodes: usize,
@@ -484,6 +486,26 @@ async fn run() -> anyhow::Result<()> {
     svc.check_alive()?;
     drop(tracker);
 
+    println!(
+        "== the plane alone: the same evictions from a bare client ({FLOOR_IN_FLIGHT} in flight), no controller"
+    );
+    let untouched: Vec<String> = nodes
+        .iter()
+        .filter(|n| **n != one && !targets.contains(n))
+        .take(cfg.maintenances)
+        .cloned()
+        .collect();
+    let (evictions, took) = floor(&client, &census, &untouched).await?;
+    println!(
+        "  {evictions} evictions from {} cordoned nodes: all pods gone {:.2} s after the first",
+        untouched.len(),
+        took.as_secs_f64()
+    );
+    table.add(
+        format!("the plane alone: {evictions} evictions, all pods gone"),
+        format!("{:.2} s", took.as_secs_f64()),
+    );
+
     if !cfg.soak.is_zero() {
         println!(
             "== soak: {} of pod, node label and PodDisruptionBudget churn",
@@ -897,7 +919,7 @@ async fn many_maintenances(
     let created = start.elapsed();
     let mut first = None;
     tracker
-        .until("every NodeMaintenance Succeeded", LONG, |t| {
+        .until("every NodeMaintenance Succeeded", MASS, |t| {
             let left: Vec<&String> = names
                 .iter()
                 .filter(|n| t.phase(n) != Some(MaintenancePhase::Succeeded))
@@ -944,7 +966,7 @@ async fn release_all(
     )
     .await?;
     tracker
-        .until("every node given back", LONG, |t| {
+        .until("every node given back", MASS, |t| {
             let left = t.nms.state().len();
             if left > 0 {
                 return Err(format!("{left} NodeMaintenances still there"));
@@ -956,6 +978,68 @@ async fn release_all(
         })
         .await?;
     Ok(start.elapsed())
+}
+
+/// Evictions in flight for [`floor`]: as many as the controller allows itself.
+const FLOOR_IN_FLIGHT: usize = 32;
+
+/// What the plane itself needs for a mass drain: cordon `nodes` (untimed),
+/// evict every pod on them but the DaemonSet's from a plain client, time
+/// until the census sees them gone, uncordon. Returns (evictions, time).
+async fn floor(
+    client: &Client,
+    census: &Census,
+    nodes: &[String],
+) -> anyhow::Result<(usize, Duration)> {
+    let node_api: Api<Node> = Api::all(client.clone());
+    let cordon = |on: bool| {
+        let node_api = node_api.clone();
+        futures::stream::iter(nodes.to_vec())
+            .map(move |n| {
+                let node_api = node_api.clone();
+                async move {
+                    let patch = Patch::Merge(json!({"spec": {"unschedulable": on}}));
+                    node_api
+                        .patch(&n, &PatchParams::default(), &patch)
+                        .await
+                        .with_context(|| format!("setting spec.unschedulable={on} on node {n}"))
+                }
+            })
+            .buffer_unordered(16)
+            .try_collect::<Vec<_>>()
+    };
+    cordon(true).await?;
+    // An eviction's 429 is an answer, not something to retry for minutes.
+    let mut config = nmo_tests::admin_config().await?;
+    config.default_retry = false;
+    let evicting = Client::try_from(config)?;
+    let pods: Api<Pod> = Api::namespaced(evicting, NAMESPACE);
+    let doomed = census.evictable_on(nodes);
+    let start = Instant::now();
+    futures::stream::iter(doomed.iter().cloned())
+        .map(|name| {
+            let pods = pods.clone();
+            async move {
+                match pods.evict(&name, &Default::default()).await {
+                    Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
+                    Err(e) => Err(anyhow::Error::from(e).context(format!("evicting pod {name}"))),
+                }
+            }
+        })
+        .buffer_unordered(FLOOR_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let left = |c: &Census| c.evictable_on(nodes).len();
+    until("the evicted pods to be gone", MASS, || async {
+        Ok(match left(census) {
+            0 => Poll::Ready(()),
+            n => Poll::Pending(format!("{n} pods still on those nodes")),
+        })
+    })
+    .await?;
+    let took = start.elapsed();
+    cordon(false).await?;
+    Ok((doomed.len(), took))
 }
 
 /// Churn for `length`: bare pods created and deleted on the scale nodes, node
