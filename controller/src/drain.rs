@@ -27,6 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{EvictParams, ListParams};
 use kube::{Api, Client, ResourceExt};
 use shared::PodReference;
+use shared::lean::PodView;
 
 use crate::classify::{classify, daemonset_to_look_up};
 
@@ -310,22 +311,27 @@ pub enum ListPodsError {
     },
 }
 
-/// List the pods of `node` (field selector, served from the API server's watch cache).
+/// List the pods of `node` (field selector, served from the API server's
+/// watch cache), each decoded to what the drain reads (`shared::lean`): 100
+/// drains at once hold their pods' names and owners, not their specs.
 pub async fn list_node_pods(client: &Client, node: &str) -> Result<NodePods, ListPodsError> {
     let lp = ListParams::default()
         .fields(&format!("spec.nodeName={node}"))
         .match_any();
-    let pods = Api::<Pod>::all(client.clone())
+    let pods: Vec<Pod> = Api::<PodView>::all(client.clone())
         .list(&lp)
         .await
         .map_err(|source| ListPodsError::List {
             node: node.to_string(),
             source,
-        })?;
-    let live = live_daemonsets(client, node, &pods.items).await?;
-    let total = pods.items.len();
-    let mut must_leave: Vec<Pod> = pods
+        })?
         .items
+        .into_iter()
+        .map(PodView::into_pod)
+        .collect();
+    let live = live_daemonsets(client, node, &pods).await?;
+    let total = pods.len();
+    let mut must_leave: Vec<Pod> = pods
         .into_iter()
         .filter(|p| {
             let ns = p.namespace().unwrap_or_default();

@@ -13,12 +13,20 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Pod, PodSpec, PodStatus, Volume};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::core::{ClusterResourceScope, NamespaceResourceScope};
+use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-/// The metadata fields any decision here reads; annotations and managedFields
-/// (the bulk of an object's metadata) are skipped.
+/// Annotations some decision reads; every other one is skipped unread.
+const KEPT_ANNOTATIONS: &[&str] = &[MIRROR_POD_ANNOTATION];
+
+/// Marks the API mirror of a static pod (the drain leaves those).
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// The metadata fields any decision here reads; managedFields and all but
+/// [`KEPT_ANNOTATIONS`] (the bulk of an object's metadata) are skipped.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct LeanMeta {
@@ -28,6 +36,10 @@ struct LeanMeta {
     resource_version: Option<String>,
     generation: Option<i64>,
     labels: Option<BTreeMap<String, String>>,
+    #[serde(default, deserialize_with = "kept_annotations")]
+    annotations: Option<BTreeMap<String, String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+    finalizers: Option<Vec<String>>,
     deletion_timestamp: Option<Time>,
 }
 
@@ -41,9 +53,47 @@ pub fn meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
         resource_version: m.resource_version,
         generation: m.generation,
         labels: m.labels,
+        annotations: m.annotations,
+        owner_references: m.owner_references,
+        finalizers: m.finalizers,
         deletion_timestamp: m.deletion_timestamp,
         ..ObjectMeta::default()
     })
+}
+
+/// The annotations among [`KEPT_ANNOTATIONS`]; the values of the others are
+/// skipped without being copied (None when none is kept).
+fn kept_annotations<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Kept;
+    impl<'de> Visitor<'de> for Kept {
+        type Value = Option<BTreeMap<String, String>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map of annotations")
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+        fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+            let mut kept = BTreeMap::new();
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                if KEPT_ANNOTATIONS.contains(&key.as_ref()) {
+                    kept.insert(key.into_owned(), map.next_value::<String>()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok((!kept.is_empty()).then_some(kept))
+        }
+    }
+    d.deserialize_option(Kept)
 }
 
 /// Implements [`kube::Resource`] for a lean type of a built-in kind.
@@ -124,6 +174,73 @@ pub struct PodMeta {
 
 lean_resource!(PodMeta, NamespaceResourceScope, "", "v1", "Pod", "pods", metadata_only: true);
 
+/// A Pod as the drain and the admission warnings read it: metadata (owners,
+/// finalizers, labels, the mirror annotation, deletion), the emptyDir
+/// volumes by name, the phase. Turned into a k8s-openapi [`Pod`] holding just
+/// those ([`PodView::into_pod`]), so the code reading it keeps one type.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PodView {
+    #[serde(deserialize_with = "meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<PodSpecView>,
+    #[serde(default)]
+    pub status: Option<PodStatusView>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpecView {
+    #[serde(default)]
+    pub node_name: Option<String>,
+    #[serde(default)]
+    pub volumes: Option<Vec<VolumeView>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeView {
+    pub name: String,
+    /// Present for an emptyDir volume (its settings are not read).
+    #[serde(default)]
+    pub empty_dir: Option<IgnoredAny>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PodStatusView {
+    #[serde(default)]
+    pub phase: Option<String>,
+}
+
+impl PodView {
+    pub fn into_pod(self) -> Pod {
+        let spec = self.spec.unwrap_or_default();
+        let volumes = spec.volumes.map(|vs| {
+            vs.into_iter()
+                .map(|v| Volume {
+                    empty_dir: v.empty_dir.map(|_| EmptyDirVolumeSource::default()),
+                    name: v.name,
+                    ..Volume::default()
+                })
+                .collect()
+        });
+        Pod {
+            metadata: self.metadata,
+            spec: Some(PodSpec {
+                node_name: spec.node_name,
+                volumes,
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: self.status.and_then(|s| s.phase),
+                ..PodStatus::default()
+            }),
+        }
+    }
+}
+
+lean_resource!(PodView, NamespaceResourceScope, "", "v1", "Pod", "pods", metadata_only: false);
+
 /// A PodDisruptionBudget as the controller's blocker watch needs it: its
 /// generation (spec changes) and whether it allows a disruption.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -183,6 +300,51 @@ mod tests {
         assert!(!NodeView::metadata_api());
         assert!(NodeMeta::metadata_api());
         assert_eq!(NodeView::url_path(&(), None), "/api/v1/nodes");
+    }
+
+    #[test]
+    fn a_pod_keeps_what_the_drain_and_the_warnings_read() {
+        let pod: PodView = serde_json::from_value(json!({
+            "metadata": {
+                "name": "web-1", "namespace": "shop", "uid": "u",
+                "labels": {"kubevirt.io": "virt-launcher"},
+                "annotations": {"kubernetes.io/config.mirror": "abc", "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(5000)},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "r", "controller": true}],
+                "finalizers": ["example.com/hold"],
+                "deletionTimestamp": "2026-12-01T10:00:00Z",
+                "managedFields": [{"manager": "kubelet"}]
+            },
+            "spec": {"nodeName": "worker-1", "containers": [{"name": "c", "image": "i"}],
+                     "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}},
+                                 {"name": "cfg", "configMap": {"name": "c"}}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .expect("pod");
+        let pod = pod.into_pod();
+        let m = &pod.metadata;
+        assert_eq!(
+            m.annotations.as_ref().map(|a| a.len()),
+            Some(1),
+            "only the mirror annotation"
+        );
+        assert_eq!(
+            m.owner_references.as_ref().expect("owners")[0].kind,
+            "ReplicaSet"
+        );
+        assert_eq!(
+            m.finalizers.as_deref(),
+            Some(&["example.com/hold".to_string()][..])
+        );
+        assert!(m.deletion_timestamp.is_some() && m.managed_fields.is_none());
+        let spec = pod.spec.expect("spec");
+        let volumes = spec.volumes.expect("volumes");
+        assert!(volumes[0].empty_dir.is_some() && volumes[1].empty_dir.is_none());
+        assert!(spec.containers.is_empty());
+        assert_eq!(pod.status.and_then(|s| s.phase).as_deref(), Some("Running"));
+        let bare: PodView =
+            serde_json::from_value(json!({"metadata": {"name": "p", "annotations": null}}))
+                .expect("minimal pod");
+        assert!(bare.metadata.annotations.is_none());
     }
 
     #[test]

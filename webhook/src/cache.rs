@@ -22,7 +22,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use shared::consts::{ETCD_NAMESPACE, OPENSHIFT_CONFIG_GROUP, OPENSHIFT_CONFIG_VERSION};
-use shared::lean::NodeMeta;
+use shared::lean::{NodeMeta, PodView};
 use shared::nodes::is_control_plane;
 use shared::probes::{Gate, Readiness};
 use shared::slots;
@@ -407,13 +407,20 @@ impl Caches {
                 .push(format!("maintenance slots not checked: {e}")),
         }
 
-        // Served from the API server's watch cache (resourceVersion 0).
+        // Served from the API server's watch cache (resourceVersion 0), each
+        // pod decoded to what the warnings read (shared::lean).
         let lp = ListParams::default()
             .fields(&format!("spec.nodeName={node}"))
             .match_any();
-        let pods = Api::<Pod>::all(self.client.clone());
+        let pods = Api::<PodView>::all(self.client.clone());
         match tokio::time::timeout_at(deadline, pods.list(&lp)).await {
-            Ok(Ok(list)) => facts.pods = list.items.iter().map(PodFacts::of).collect(),
+            Ok(Ok(list)) => {
+                facts.pods = list
+                    .items
+                    .into_iter()
+                    .map(|p| PodFacts::of(&p.into_pod()))
+                    .collect()
+            }
             Ok(Err(e)) => {
                 facts
                     .unchecked
