@@ -307,8 +307,8 @@ impl Metrics {
     /// and `rest_client_request_duration_seconds{verb,host}` (time to the
     /// response headers). `host` is the API server's host:port. At most
     /// `max_in_flight` requests wait for their response headers at once (a
-    /// watch counts until its stream begins): kube's client speaks HTTP/1.1
-    /// and opens a connection per request in flight.
+    /// watch counts until its stream begins). HTTP/2 when the API server
+    /// offers it (`shared::kube_client`).
     pub fn counted_client(
         &self,
         config: kube::Config,
@@ -328,8 +328,7 @@ impl Metrics {
             inner: svc,
             metrics: rest.clone(),
         });
-        Ok(kube::client::ClientBuilder::try_from(config)
-            .map_err(|e| anyhow::anyhow!("building the Kubernetes client: {e}"))?
+        Ok(shared::kube_client::builder(&config)?
             .with_layer(&layer)
             .with_layer(&tower::limit::ConcurrencyLimitLayer::new(max_in_flight))
             .build())

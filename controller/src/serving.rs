@@ -45,11 +45,10 @@ pub async fn metrics(cfg: &Config, metrics: &Metrics, client: &Client) -> anyhow
     Ok(())
 }
 
-/// Requests of one client waiting for their answer at once. kube's client
-/// opens an HTTP/1.1 connection per request in flight: without a bound, 100
-/// maintenances evicting 32 pods each would open 3,200 TLS connections (each
-/// with its buffers, kept idle for 90 s afterwards) and make the API server
-/// shake hands with all of them, which is slower than queueing here.
+/// Requests of one client waiting for their answer at once: 100
+/// maintenances evicting 32 pods each would otherwise send 3,200 at once
+/// (over HTTP/1.1, each on a TLS connection of its own), which a busy API
+/// server serves no faster than a queue here.
 const MAX_IN_FLIGHT: usize = 32;
 
 /// The controller's API clients, every request counted in the metrics: one

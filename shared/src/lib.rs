@@ -10,6 +10,7 @@ pub mod crd;
 pub mod duration;
 pub mod goflags;
 pub mod https;
+pub mod kube_client;
 pub mod lean;
 pub mod lease;
 pub mod logwriter;

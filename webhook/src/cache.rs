@@ -107,7 +107,13 @@ pub struct Caches {
     warning_settings: WarningSettings,
     /// Last discovery answer to "is kubevirt.io/v1 VirtualMachineInstance served".
     kubevirt: Mutex<Option<(Instant, bool)>>,
+    /// Warning lookups under way at once (at most [`WARNING_LOOKUPS`]).
+    warning_lookups: tokio::sync::Semaphore,
 }
+
+/// Creates whose warnings are looked up at once; others wait within their
+/// --warnings-timeout, then go without the pod warnings (and say so).
+const WARNING_LOOKUPS: usize = 4;
 
 impl Caches {
     /// Start every watch in the background and return the caches at once;
@@ -174,6 +180,7 @@ impl Caches {
             pdbs,
             warning_settings,
             kubevirt: Mutex::new(None),
+            warning_lookups: tokio::sync::Semaphore::new(WARNING_LOOKUPS),
         });
 
         let task_caches = caches.clone();
@@ -407,6 +414,17 @@ impl Caches {
                 .push(format!("maintenance slots not checked: {e}")),
         }
 
+        // A storm of creates (GitOps applying a hundred at once) looks up a
+        // few nodes at a time: each lookup holds a node's pod list in memory.
+        let Ok(Ok(_permit)) =
+            tokio::time::timeout_at(deadline, self.warning_lookups.acquire()).await
+        else {
+            facts.unchecked.push(format!(
+                "pods of node {node} not checked: {WARNING_LOOKUPS} other creates were being checked \
+                 and --warnings-timeout {budget:?} passed"
+            ));
+            return facts;
+        };
         // Served from the API server's watch cache (resourceVersion 0), each
         // pod decoded to what the warnings read (shared::lean).
         let lp = ListParams::default()

@@ -53,18 +53,22 @@ pub enum Error {
     Signals(#[from] std::io::Error),
 }
 
+/// The API client (HTTP/2 when offered: `shared::kube_client`).
 async fn kube_client(config: &Config) -> Result<Client, Error> {
-    let Some(path) = &config.kubeconfig else {
-        return Client::try_default()
+    let cfg = match &config.kubeconfig {
+        None => kube::Config::infer()
             .await
-            .map_err(|e| Error::Kube(e.to_string()));
+            .map_err(|e| Error::Kube(e.to_string()))?,
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
+                Error::Kube(format!("reading --kubeconfig {}: {e}", path.display()))
+            })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| Error::Kube(format!("loading --kubeconfig {}: {e}", path.display())))?
+        }
     };
-    let kubeconfig = Kubeconfig::read_from(path)
-        .map_err(|e| Error::Kube(format!("reading --kubeconfig {}: {e}", path.display())))?;
-    let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| Error::Kube(format!("loading --kubeconfig {}: {e}", path.display())))?;
-    Client::try_from(cfg).map_err(|e| Error::Kube(e.to_string()))
+    shared::kube_client::client(&cfg).map_err(|e| Error::Kube(e.to_string()))
 }
 
 /// Names for a self-signed metrics certificate: the metrics Service's.
