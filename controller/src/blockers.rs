@@ -123,8 +123,8 @@ struct PodWatch {
     /// it left the node before the watch began (it starts up to a second
     /// after the maintenance does), and its departure was never seen.
     first_list: BTreeSet<(String, String)>,
-    /// Pending pods seen leaving the node (kept while still listed pending).
-    departed: BTreeSet<(String, String)>,
+    /// What this watch knows of the node's pods (see [`Departures`]).
+    pods: Departures,
 }
 
 impl Blockers {
@@ -159,16 +159,32 @@ impl Blockers {
                     return;
                 };
                 let nms = self.store.state();
-                let woken = all_departed(&nms, node, &mut w.departed, (ns.clone(), name.clone()));
-                let why = format!("pod {ns}/{name} left node {node}, the last it waited for");
+                let woken = w.pods.left(&nms, node, (ns.clone(), name.clone()));
+                let why = format!(
+                    "pod {ns}/{name} left node {node}, and no other pod it waits for is terminating"
+                );
                 for nm in woken {
                     self.wake(&nm, &why);
                 }
             }
+            Ok(watcher::Event::Apply(pod)) => {
+                if let Some(w) = self.watched.get_mut(node) {
+                    w.pods.seen(&pod);
+                }
+            }
+            Ok(watcher::Event::Init) => {
+                // A full list follows: it says again which pods are terminating.
+                if let Some(w) = self.watched.get_mut(node) {
+                    w.pods.terminating.clear();
+                }
+            }
             Ok(watcher::Event::InitApply(pod)) => {
-                if let Some(w) = self.watched.get_mut(node).filter(|w| !w.listed) {
-                    w.first_list
-                        .insert((pod.namespace().unwrap_or_default(), pod.name_any()));
+                if let Some(w) = self.watched.get_mut(node) {
+                    w.pods.seen(&pod);
+                    if !w.listed {
+                        w.first_list
+                            .insert((pod.namespace().unwrap_or_default(), pod.name_any()));
+                    }
                 }
             }
             Ok(watcher::Event::InitDone) => {
@@ -198,7 +214,6 @@ impl Blockers {
                     self.wake(nm, &why);
                 }
             }
-            Ok(_) => {}
             Err(e) => log_watch_error(&format!("pods (spec.nodeName={node})"), &e),
         }
     }
@@ -240,7 +255,7 @@ impl Blockers {
                     stop,
                     listed: false,
                     first_list: BTreeSet::new(),
-                    departed: BTreeSet::new(),
+                    pods: Departures::default(),
                 },
             );
         }
@@ -272,41 +287,67 @@ fn waiting_in_namespace(
         .collect()
 }
 
-/// Pod `gone` left `node`: the draining maintenances of the node that
-/// waited for it and now wait for nothing that is still there. Waking a
-/// drain on every departure would run a round per pod while the rest are
-/// still terminating; the drain's own requeue reports progress meanwhile.
-/// `departed` remembers the departures still listed as pending.
-fn all_departed(
-    nms: &[Arc<NodeMaintenance>],
-    node: &str,
-    departed: &mut BTreeSet<(String, String)>,
-    gone: (String, String),
-) -> Vec<Arc<NodeMaintenance>> {
-    let key = |p: &shared::PodReference| (p.namespace.clone(), p.name.clone());
-    let on_node: Vec<&Arc<NodeMaintenance>> = draining(nms)
-        .filter(|nm| nm.spec.node_name == node)
-        .collect();
-    let waited = on_node
-        .iter()
-        .any(|nm| pending(nm).iter().any(|p| key(p) == gone));
-    if !waited {
-        return vec![];
+/// The pods of one node under maintenance as its watch saw them: which are
+/// terminating, and which pending ones have left. A pod leaving wakes the
+/// maintenances that waited for it unless another pod they wait for is
+/// still terminating: that one's departure comes next and wakes them then.
+/// So a drain of 30 pods is woken once, when the last has gone, instead of
+/// running a round per departure; a pending pod that is not terminating
+/// (held by a PodDisruptionBudget) does not hold the wake back, so a drain
+/// reports at once that the others have left.
+#[derive(Default)]
+struct Departures {
+    terminating: BTreeSet<(String, String)>,
+    departed: BTreeSet<(String, String)>,
+}
+
+impl Departures {
+    fn seen(&mut self, pod: &PodMeta) {
+        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+        if pod.metadata.deletion_timestamp.is_some() {
+            self.terminating.insert(key);
+        } else {
+            self.terminating.remove(&key);
+        }
     }
-    departed.insert(gone.clone());
-    let still_pending: BTreeSet<_> = on_node
-        .iter()
-        .flat_map(|nm| pending(nm).iter().map(key))
-        .collect();
-    departed.retain(|d| still_pending.contains(d));
-    on_node
-        .into_iter()
-        .filter(|nm| {
-            let p = pending(nm);
-            p.iter().any(|r| key(r) == gone) && p.iter().all(|r| departed.contains(&key(r)))
-        })
-        .cloned()
-        .collect()
+
+    /// Pod `gone` left `node`: the draining maintenances of the node to wake.
+    fn left(
+        &mut self,
+        nms: &[Arc<NodeMaintenance>],
+        node: &str,
+        gone: (String, String),
+    ) -> Vec<Arc<NodeMaintenance>> {
+        self.terminating.remove(&gone);
+        let key = |p: &shared::PodReference| (p.namespace.clone(), p.name.clone());
+        let on_node: Vec<&Arc<NodeMaintenance>> = draining(nms)
+            .filter(|nm| nm.spec.node_name == node)
+            .collect();
+        if !on_node
+            .iter()
+            .any(|nm| pending(nm).iter().any(|p| key(p) == gone))
+        {
+            return vec![];
+        }
+        self.departed.insert(gone.clone());
+        let still_pending: BTreeSet<_> = on_node
+            .iter()
+            .flat_map(|nm| pending(nm).iter().map(key))
+            .collect();
+        self.departed.retain(|d| still_pending.contains(d));
+        on_node
+            .into_iter()
+            .filter(|nm| {
+                let p = pending(nm);
+                p.iter().any(|r| key(r) == gone)
+                    && !p.iter().any(|r| {
+                        let k = key(r);
+                        !self.departed.contains(&k) && self.terminating.contains(&k)
+                    })
+            })
+            .cloned()
+            .collect()
+    }
 }
 
 /// What is kept of one PodDisruptionBudget.
@@ -525,36 +566,47 @@ mod tests {
         assert_eq!(names(waiting_in_namespace(&nms, "db")), ["a", "b"]);
         assert!(waiting_in_namespace(&nms, "other").is_empty());
         let gone = |ns: &str, n: &str| (ns.to_string(), n.to_string());
-        let mut departed = BTreeSet::new();
+        let pod = |ns: &str, n: &str, terminating: bool| -> PodMeta {
+            let mut p = PodMeta::default();
+            p.metadata.namespace = Some(ns.into());
+            p.metadata.name = Some(n.into());
+            if terminating {
+                p.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    ));
+            }
+            p
+        };
+        // a waits for web-1 and pg-0 on w1, both evicted (terminating).
+        let mut w1 = Departures::default();
+        w1.seen(&pod("shop", "web-1", true));
+        w1.seen(&pod("db", "pg-0", true));
         assert!(
-            all_departed(&nms, "w1", &mut departed, gone("db", "pg-0")).is_empty(),
-            "web-1 is still pending on w1"
+            w1.left(&nms, "w1", gone("db", "pg-0")).is_empty(),
+            "web-1 is still terminating: its departure wakes a"
         );
         assert!(
-            all_departed(&nms, "w1", &mut departed, gone("db", "pg-1")).is_empty(),
+            w1.left(&nms, "w1", gone("db", "pg-1")).is_empty(),
             "not pending there"
         );
         assert_eq!(
-            names(all_departed(
-                &nms,
-                "w1",
-                &mut departed,
-                gone("shop", "web-1")
-            )),
+            names(w1.left(&nms, "w1", gone("shop", "web-1"))),
             ["a"],
-            "the last pending pod of a left"
+            "the last terminating pod of a left"
         );
-        let mut departed = BTreeSet::new();
+        // A pending pod that is not terminating (a PDB holds it) holds no wake back.
+        let mut w1 = Departures::default();
+        w1.seen(&pod("shop", "web-1", false));
+        assert_eq!(names(w1.left(&nms, "w1", gone("db", "pg-0"))), ["a"]);
+        let mut w2 = Departures::default();
         assert!(
-            all_departed(&nms, "w2", &mut departed, gone("shop", "web-1")).is_empty(),
+            w2.left(&nms, "w2", gone("shop", "web-1")).is_empty(),
             "another node"
         );
-        assert_eq!(
-            names(all_departed(&nms, "w2", &mut departed, gone("db", "pg-1"))),
-            ["b"]
-        );
+        assert_eq!(names(w2.left(&nms, "w2", gone("db", "pg-1"))), ["b"]);
         assert!(
-            departed.len() <= 1,
+            w2.departed.len() <= 1,
             "only departures still listed pending are kept"
         );
         let nodes: Vec<_> = draining(&nms).map(|nm| nm.spec.node_name.clone()).collect();
