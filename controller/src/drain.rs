@@ -73,17 +73,32 @@ pub enum PodOutcome {
     },
     /// Any other refusal or failure (eviction webhook, several PDBs, network).
     Failed(String),
-    /// Not answered within the round's [`EVICTION_BUDGET`] (the API server is
-    /// busy, or many drains queue for the client): the next round asks again.
+    /// Not sent within the round's [`EVICTION_BUDGET`] (many drains queue for
+    /// the [`IN_FLIGHT`] slots), or sent and not answered within
+    /// [`EVICTION_ANSWER_TIMEOUT`] (the API server is busy): the next round asks again.
     /// Progress, not a blocker.
     Deferred,
 }
 
-/// How long one round waits for its evictions. Beyond it the rest are
-/// [`PodOutcome::Deferred`] and the round ends, writing what it learnt: a
-/// reconcile cut short by its timeout would write nothing at all. When 100
-/// nodes drain at once on a busy API server, every round gets its share.
-pub const EVICTION_BUDGET: Duration = Duration::from_secs(15);
+/// How long one round waits for a free eviction slot (see [`IN_FLIGHT`]) per
+/// pod. Pods still waiting then are [`PodOutcome::Deferred`] and the round
+/// ends, writing what it learnt: a reconcile cut short by its timeout would
+/// write nothing at all. When 100 nodes drain at once on a busy API server,
+/// every round gets its share.
+pub const EVICTION_BUDGET: Duration = Duration::from_secs(12);
+
+/// How long a sent eviction may take to be answered. An eviction is never
+/// abandoned for the round's budget once sent: cancelling it wastes the API
+/// server's work on it (it answers 504 "context canceled") and sends it again
+/// next round. Only a request this slow is given up (and deferred).
+pub const EVICTION_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Evictions waiting for their answer at once, across every drain of the
+/// process: the eviction client's own limit (`serving::clients`), taken here
+/// before a request is sent so that a request is queued, and deferred, only
+/// while it is not yet on the wire. FIFO: the drains are served in turn.
+pub const IN_FLIGHT: usize = 32;
+static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(IN_FLIGHT);
 
 impl PodOutcome {
     pub fn describe(&self) -> String {
@@ -108,8 +123,10 @@ impl PodOutcome {
             ),
             PodOutcome::Failed(m) => format!("eviction failed: {m}"),
             PodOutcome::Deferred => format!(
-                "eviction not answered within {} (the API server is busy); asked again next round",
-                human(EVICTION_BUDGET)
+                "eviction not sent within {} ({IN_FLIGHT} others were waiting for the API server) \
+                 or not answered within {}; asked again next round",
+                human(EVICTION_BUDGET),
+                human(EVICTION_ANSWER_TIMEOUT)
             ),
         }
     }
@@ -484,7 +501,11 @@ fn refusal(e: &kube::Error, virt_launcher: bool) -> Refusal {
     }
 }
 
-async fn evict_one(client: Client, pod: Pod) -> (PodReference, PodOutcome) {
+async fn evict_one(
+    client: Client,
+    pod: Pod,
+    deadline: tokio::time::Instant,
+) -> (PodReference, PodOutcome) {
     let r = PodReference {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
@@ -512,8 +533,26 @@ async fn evict_one(client: Client, pod: Pod) -> (PodReference, PodOutcome) {
     }
     let api: Api<Pod> = Api::namespaced(client, &r.namespace);
     tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), "requesting eviction");
+    // Past the deadline nothing new is sent, even with slots free: the round
+    // must end in time to write what it learnt.
+    if tokio::time::Instant::now() >= deadline {
+        return (r, PodOutcome::Deferred);
+    }
+    let Ok(Ok(slot)) = tokio::time::timeout_at(deadline, SLOTS.acquire()).await else {
+        return (r, PodOutcome::Deferred);
+    };
     // No delete options: each pod's own grace period applies, as upstream.
-    let outcome = match api.evict(&r.name, &EvictParams::default()).await {
+    let answer = tokio::time::timeout(
+        EVICTION_ANSWER_TIMEOUT,
+        api.evict(&r.name, &EvictParams::default()),
+    )
+    .await;
+    drop(slot);
+    let Ok(answer) = answer else {
+        tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), "eviction not answered in time");
+        return (r, PodOutcome::Deferred);
+    };
+    let outcome = match answer {
         Ok(_) => PodOutcome::Evicted,
         Err(kube::Error::Api(s)) if s.code == 404 => PodOutcome::Gone,
         Err(e) => match refusal(&e, is_virt_launcher(&pod)) {
@@ -539,8 +578,8 @@ async fn evict_one(client: Client, pod: Pod) -> (PodReference, PodOutcome) {
     (r, outcome)
 }
 
-/// Evict every pod in `pods` at most `concurrency` at a time; those not
-/// answered by `deadline` are [`PodOutcome::Deferred`].
+/// Evict every pod in `pods` at most `concurrency` at a time; those that
+/// got no eviction slot by `deadline` are [`PodOutcome::Deferred`].
 pub async fn evict_all(
     client: &Client,
     pods: Vec<Pod>,
@@ -548,18 +587,7 @@ pub async fn evict_all(
     deadline: tokio::time::Instant,
 ) -> BTreeMap<PodReference, PodOutcome> {
     futures::stream::iter(pods)
-        .map(|p| {
-            let r = PodReference {
-                namespace: p.namespace().unwrap_or_default(),
-                name: p.name_any(),
-            };
-            let eviction = evict_one(client.clone(), p);
-            async move {
-                tokio::time::timeout_at(deadline, eviction)
-                    .await
-                    .unwrap_or((r, PodOutcome::Deferred))
-            }
-        })
+        .map(|p| evict_one(client.clone(), p, deadline))
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await

@@ -39,6 +39,10 @@ const HINT_NAMESPACE: &str = "the lease namespace is missing and could not be cr
 pub struct NodeLeases {
     client: Client,
     namespace: String,
+    /// The lease as we last wrote it, per lease name: the next renewal
+    /// replaces it without reading it first (its resourceVersion is the
+    /// precondition; on a conflict the lease is read and judged again).
+    ours: std::sync::Mutex<std::collections::HashMap<String, Lease>>,
 }
 
 fn is_not_found(e: &kube::Error) -> bool {
@@ -47,7 +51,11 @@ fn is_not_found(e: &kube::Error) -> bool {
 
 impl NodeLeases {
     pub fn new(client: Client, namespace: String) -> Self {
-        NodeLeases { client, namespace }
+        NodeLeases {
+            client,
+            namespace,
+            ours: Default::default(),
+        }
     }
 
     fn api(&self) -> Api<Lease> {
@@ -64,12 +72,41 @@ impl NodeLeases {
         }
     }
 
+    fn ours(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Lease>> {
+        self.ours.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Take, renew or keep the lease of `node` for us.
     pub async fn request(&self, node: &Node) -> Result<(), LeaseError> {
         let name = lease_name(&node.name_any());
-        let existing = match self.api().get_opt(&name).await {
-            Ok(l) => l,
-            Err(e) => return Err(self.err("read", &name, e)),
+        let cached = self.ours().remove(&name);
+        let from_cache = cached.is_some();
+        match self.request_on(node, &name, cached).await {
+            // Someone wrote the lease since our last write: judge it as it is now.
+            Err(LeaseError::Api {
+                source: kube::Error::Api(s),
+                ..
+            }) if from_cache && (s.code == 409 || s.code == 404) => {
+                self.request_on(node, &name, None).await
+            }
+            other => other,
+        }
+    }
+
+    /// [`Self::request`] on `known` (our last write) or, when None, on the lease read live.
+    async fn request_on(
+        &self,
+        node: &Node,
+        name: &str,
+        known: Option<Lease>,
+    ) -> Result<(), LeaseError> {
+        let name = name.to_string();
+        let existing = match known {
+            Some(l) => Some(l),
+            None => match self.api().get_opt(&name).await {
+                Ok(l) => l,
+                Err(e) => return Err(self.err("read", &name, e)),
+            },
         };
         // The clock is read after the lease: taken before, a renewal that lands
         // in between would look "renewed in the future", which the rules treat
@@ -80,7 +117,11 @@ impl NodeLeases {
         };
         let spec = lease.spec.take().unwrap_or_default();
         let reacquire = match decide(&spec, LEASE_HOLDER_IDENTITY, LEASE_DURATION_SECONDS, now) {
-            LeaseDecision::Keep => return Ok(()),
+            LeaseDecision::Keep => {
+                lease.spec = Some(spec);
+                self.ours().insert(name, lease);
+                return Ok(());
+            }
             LeaseDecision::HeldByOther(holder) => return Err(LeaseError::HeldByOther(holder)),
             LeaseDecision::Renew { reacquire } => reacquire,
             LeaseDecision::TakeOver => {
@@ -100,11 +141,13 @@ impl NodeLeases {
         lease.metadata.owner_references = Some(vec![shared::nodes::owner_reference(node)]);
         // Replace carries the resourceVersion we read: a concurrent writer wins
         // and we retry on the next reconcile.
-        self.api()
+        let written = self
+            .api()
             .replace(&name, &PostParams::default(), &lease)
             .await
-            .map(|_| ())
-            .map_err(|e| self.err("update", &name, e))
+            .map_err(|e| self.err("update", &name, e))?;
+        self.ours().insert(name, written);
+        Ok(())
     }
 
     async fn create(&self, node: &Node, name: &str, now: Timestamp) -> Result<(), LeaseError> {
@@ -118,7 +161,10 @@ impl NodeLeases {
             spec: Some(new_spec(LEASE_HOLDER_IDENTITY, LEASE_DURATION_SECONDS, now)),
         };
         match self.api().create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(()),
+            Ok(written) => {
+                self.ours().insert(name.to_string(), written);
+                Ok(())
+            }
             Err(e) if is_not_found(&e) => {
                 // The namespace is missing: create it, then the lease.
                 self.ensure_namespace(name).await?;
@@ -164,6 +210,7 @@ impl NodeLeases {
     /// that and goes on, so this is not an error).
     pub async fn release(&self, node_name: &str) -> Result<(), LeaseError> {
         let name = lease_name(node_name);
+        self.ours().remove(&name);
         let lease = match self.api().get_opt(&name).await {
             Ok(Some(l)) => l,
             Ok(None) => return Ok(()),

@@ -49,7 +49,7 @@ pub async fn metrics(cfg: &Config, metrics: &Metrics, client: &Client) -> anyhow
 /// maintenances evicting 32 pods each would otherwise send 3,200 at once
 /// (over HTTP/1.1, each on a TLS connection of its own), which a busy API
 /// server serves no faster than a queue here.
-const MAX_IN_FLIGHT: usize = 32;
+const MAX_IN_FLIGHT: usize = crate::drain::IN_FLIGHT;
 
 /// The controller's API clients, every request counted in the metrics: one
 /// for everything, and one for evictions that does not retry 429 by itself:
