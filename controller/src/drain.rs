@@ -24,10 +24,9 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{EvictParams, ListParams};
+use kube::api::EvictParams;
 use kube::{Api, Client, ResourceExt};
 use shared::PodReference;
-use shared::lean::PodView;
 
 use crate::classify::{classify, daemonset_to_look_up};
 
@@ -328,24 +327,15 @@ pub enum ListPodsError {
     },
 }
 
-/// List the pods of `node` (field selector, served from the API server's
-/// watch cache), each decoded to what the drain reads (`shared::lean`): 100
-/// drains at once hold their pods' names and owners, not their specs.
+/// List the pods of `node` (`shared::lean::list_node_pods`): 100 drains at
+/// once hold their pods' names and owners, not their specs.
 pub async fn list_node_pods(client: &Client, node: &str) -> Result<NodePods, ListPodsError> {
-    let lp = ListParams::default()
-        .fields(&format!("spec.nodeName={node}"))
-        .match_any();
-    let pods: Vec<Pod> = Api::<PodView>::all(client.clone())
-        .list(&lp)
+    let pods = shared::lean::list_node_pods(client, node)
         .await
         .map_err(|source| ListPodsError::List {
             node: node.to_string(),
             source,
-        })?
-        .items
-        .into_iter()
-        .map(PodView::into_pod)
-        .collect();
+        })?;
     let live = live_daemonsets(client, node, &pods).await?;
     let total = pods.len();
     let mut must_leave: Vec<Pod> = pods
@@ -532,7 +522,6 @@ async fn evict_one(
         return (r, PodOutcome::Terminating(since));
     }
     let api: Api<Pod> = Api::namespaced(client, &r.namespace);
-    tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), "requesting eviction");
     // Past the deadline nothing new is sent, even with slots free: the round
     // must end in time to write what it learnt.
     if tokio::time::Instant::now() >= deadline {
@@ -541,6 +530,7 @@ async fn evict_one(
     let Ok(Ok(slot)) = tokio::time::timeout_at(deadline, SLOTS.acquire()).await else {
         return (r, PodOutcome::Deferred);
     };
+    tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), "requesting eviction");
     // No delete options: each pod's own grace period applies, as upstream.
     let answer = tokio::time::timeout(
         EVICTION_ANSWER_TIMEOUT,

@@ -100,12 +100,11 @@ impl NodeLeases {
         name: &str,
         known: Option<Lease>,
     ) -> Result<(), LeaseError> {
-        let name = name.to_string();
         let existing = match known {
             Some(l) => Some(l),
-            None => match self.api().get_opt(&name).await {
+            None => match self.api().get_opt(name).await {
                 Ok(l) => l,
-                Err(e) => return Err(self.err("read", &name, e)),
+                Err(e) => return Err(self.err("read", name, e)),
             },
         };
         // The clock is read after the lease: taken before, a renewal that lands
@@ -113,13 +112,13 @@ impl NodeLeases {
         // as invalid, and we would take over a lease that is really held.
         let now = Timestamp::now();
         let Some(mut lease) = existing else {
-            return self.create(node, &name, now).await;
+            return self.create(node, name, now).await;
         };
         let spec = lease.spec.take().unwrap_or_default();
         let reacquire = match decide(&spec, LEASE_HOLDER_IDENTITY, LEASE_DURATION_SECONDS, now) {
             LeaseDecision::Keep => {
                 lease.spec = Some(spec);
-                self.ours().insert(name, lease);
+                self.ours().insert(name.to_string(), lease);
                 return Ok(());
             }
             LeaseDecision::HeldByOther(holder) => return Err(LeaseError::HeldByOther(holder)),
@@ -139,14 +138,15 @@ impl NodeLeases {
         ));
         // Every write makes the Node the lease's only owner, whoever owned it before.
         lease.metadata.owner_references = Some(vec![shared::nodes::owner_reference(node)]);
-        // Replace carries the resourceVersion we read: a concurrent writer wins
-        // and we retry on the next reconcile.
+        // Replace carries the resourceVersion we read (or last wrote): a
+        // concurrent writer wins; `request` then reads the lease and judges
+        // again once, or the next reconcile does.
         let written = self
             .api()
-            .replace(&name, &PostParams::default(), &lease)
+            .replace(name, &PostParams::default(), &lease)
             .await
-            .map_err(|e| self.err("update", &name, e))?;
-        self.ours().insert(name, written);
+            .map_err(|e| self.err("update", name, e))?;
+        self.ours().insert(name.to_string(), written);
         Ok(())
     }
 

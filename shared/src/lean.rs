@@ -212,6 +212,17 @@ pub struct PodStatusView {
     pub phase: Option<String>,
 }
 
+/// The pods of `node` (field selector `spec.nodeName`, served from the API
+/// server's watch cache), each decoded as a [`PodView`]: what the drain and
+/// the admission warnings read, without holding whole pod specs.
+pub async fn list_node_pods(client: &kube::Client, node: &str) -> kube::Result<Vec<Pod>> {
+    let lp = kube::api::ListParams::default()
+        .fields(&format!("spec.nodeName={node}"))
+        .match_any();
+    let list = kube::Api::<PodView>::all(client.clone()).list(&lp).await?;
+    Ok(list.items.into_iter().map(PodView::into_pod).collect())
+}
+
 impl PodView {
     pub fn into_pod(self) -> Pod {
         let spec = self.spec.unwrap_or_default();

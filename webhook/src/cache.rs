@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use shared::consts::{ETCD_NAMESPACE, OPENSHIFT_CONFIG_GROUP, OPENSHIFT_CONFIG_VERSION};
-use shared::lean::{NodeMeta, PodView};
+use shared::lean::NodeMeta;
 use shared::nodes::is_control_plane;
 use shared::probes::{Gate, Readiness};
 use shared::slots;
@@ -425,20 +425,9 @@ impl Caches {
             ));
             return facts;
         };
-        // Served from the API server's watch cache (resourceVersion 0), each
-        // pod decoded to what the warnings read (shared::lean).
-        let lp = ListParams::default()
-            .fields(&format!("spec.nodeName={node}"))
-            .match_any();
-        let pods = Api::<PodView>::all(self.client.clone());
-        match tokio::time::timeout_at(deadline, pods.list(&lp)).await {
-            Ok(Ok(list)) => {
-                facts.pods = list
-                    .items
-                    .into_iter()
-                    .map(|p| PodFacts::of(&p.into_pod()))
-                    .collect()
-            }
+        let pods = shared::lean::list_node_pods(&self.client, &node);
+        match tokio::time::timeout_at(deadline, pods).await {
+            Ok(Ok(pods)) => facts.pods = pods.iter().map(PodFacts::of).collect(),
             Ok(Err(e)) => {
                 facts
                     .unchecked
