@@ -23,10 +23,12 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::EvictParams;
 use kube::{Api, Client, ResourceExt};
 use shared::PodReference;
+use shared::lean::PodView;
 
 use crate::classify::{classify, daemonset_to_look_up};
 
@@ -39,7 +41,34 @@ pub struct NodePods {
     /// Every pod on the node (`totalpods`).
     pub total: usize,
     /// Pods that must leave, in name order.
-    pub must_leave: Vec<Pod>,
+    pub must_leave: Vec<LeavingPod>,
+}
+
+/// A pod that must leave the node, as the drain keeps it from the list to
+/// its eviction: its metadata (name, uid, labels, deletion time,
+/// finalizers), which is all the eviction, the events and the status read.
+/// Not a whole `Pod`: that struct is some 2 KiB even with an empty spec, and
+/// 100 drains at once hold 3,000 of these.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LeavingPod {
+    pub metadata: ObjectMeta,
+}
+
+impl LeavingPod {
+    pub fn namespace(&self) -> String {
+        self.metadata.namespace.clone().unwrap_or_default()
+    }
+
+    pub fn name(&self) -> String {
+        self.metadata.name.clone().unwrap_or_default()
+    }
+
+    pub fn reference(&self) -> PodReference {
+        PodReference {
+            namespace: self.namespace(),
+            name: self.name(),
+        }
+    }
 }
 
 /// How long past the end of its grace period a terminating pod may still be
@@ -194,8 +223,12 @@ const KUBEVIRT_MIGRATION_TARGET: &str = "Eviction request for target Pod";
 const KUBEVIRT_PDB: &str = "kubevirt-disruption-budget-";
 
 /// Whether the pod runs a KubeVirt VM (label `kubevirt.io=virt-launcher`).
-pub fn is_virt_launcher(pod: &Pod) -> bool {
-    pod.labels().get(VIRT_LAUNCHER_LABEL.0).map(String::as_str) == Some(VIRT_LAUNCHER_LABEL.1)
+pub fn is_virt_launcher(pod: &ObjectMeta) -> bool {
+    pod.labels
+        .as_ref()
+        .and_then(|l| l.get(VIRT_LAUNCHER_LABEL.0))
+        .map(String::as_str)
+        == Some(VIRT_LAUNCHER_LABEL.1)
 }
 
 /// Whether a 429 with `message` (the API server's message and causes) to the
@@ -330,7 +363,7 @@ pub enum ListPodsError {
 /// List the pods of `node` (`shared::lean::list_node_pods`): 100 drains at
 /// once hold their pods' names and owners, not their specs.
 pub async fn list_node_pods(client: &Client, node: &str) -> Result<NodePods, ListPodsError> {
-    let pods = shared::lean::list_node_pods(client, node)
+    let pods = shared::lean::list_node_pod_views(client, node)
         .await
         .map_err(|source| ListPodsError::List {
             node: node.to_string(),
@@ -338,14 +371,19 @@ pub async fn list_node_pods(client: &Client, node: &str) -> Result<NodePods, Lis
         })?;
     let live = live_daemonsets(client, node, &pods).await?;
     let total = pods.len();
-    let mut must_leave: Vec<Pod> = pods
+    // One whole `Pod` at a time (the rules read that type), never the node's.
+    let mut must_leave: Vec<LeavingPod> = pods
         .into_iter()
+        .map(PodView::into_pod)
         .filter(|p| {
             let ns = p.namespace().unwrap_or_default();
             classify(p, |ds| live.contains(&(ns, ds.to_string()))).must_leave()
         })
+        .map(|p| LeavingPod {
+            metadata: p.metadata,
+        })
         .collect();
-    must_leave.sort_by_key(|p| (p.namespace(), p.name_any()));
+    must_leave.sort_by_key(|p| (p.namespace(), p.name()));
     Ok(NodePods { total, must_leave })
 }
 
@@ -379,14 +417,15 @@ fn remember_answer(key: (String, String), exists: bool) {
 async fn live_daemonsets(
     client: &Client,
     node: &str,
-    pods: &[Pod],
+    pods: &[PodView],
 ) -> Result<BTreeSet<(String, String)>, ListPodsError> {
     // One lookup per DaemonSet, remembering one of its pods for the error text.
     let mut live = BTreeSet::new();
     let wanted: BTreeMap<(String, String), String> = pods
         .iter()
-        .filter_map(|p| {
-            daemonset_to_look_up(p).map(|ds| {
+        .filter_map(|v| {
+            let p = v.to_pod();
+            daemonset_to_look_up(&p).map(|ds| {
                 (
                     (p.namespace().unwrap_or_default(), ds.to_string()),
                     p.name_any(),
@@ -437,13 +476,8 @@ async fn live_daemonsets(
     Ok(live)
 }
 
-pub fn references(pods: &[Pod]) -> Vec<PodReference> {
-    pods.iter()
-        .map(|p| PodReference {
-            namespace: p.namespace().unwrap_or_default(),
-            name: p.name_any(),
-        })
-        .collect()
+pub fn references(pods: &[LeavingPod]) -> Vec<PodReference> {
+    pods.iter().map(LeavingPod::reference).collect()
 }
 
 fn api_message(e: &kube::Error) -> String {
@@ -492,36 +526,26 @@ fn refusal(e: &kube::Error, virt_launcher: bool) -> Refusal {
 }
 
 async fn evict_one(
-    client: Client,
-    pod: Pod,
+    client: &Client,
+    pod: &LeavingPod,
     deadline: tokio::time::Instant,
 ) -> (PodReference, PodOutcome) {
-    let r = PodReference {
-        namespace: pod.namespace().unwrap_or_default(),
-        name: pod.name_any(),
-    };
+    let r = pod.reference();
     let uid = pod
         .metadata
         .uid
         .clone()
         .unwrap_or_else(|| format!("{}/{}", r.namespace, r.name));
     // Only pods that must leave get here: terminating means awaited.
-    if pod.metadata.deletion_timestamp.is_some() {
+    if let Some(deleted) = &pod.metadata.deletion_timestamp {
         MIGRATIONS.forget(&uid);
-        let since = pod
-            .metadata
-            .deletion_timestamp
-            .as_ref()
-            .map(|t| Timestamp::now().duration_since(t.0).as_secs())
-            .unwrap_or(0)
-            .max(0);
+        let since = Timestamp::now().duration_since(deleted.0).as_secs().max(0);
         if since > STUCK_AFTER.as_secs() as i64 {
             let finalizers = pod.metadata.finalizers.clone().unwrap_or_default();
             return (r, PodOutcome::Stuck { finalizers });
         }
         return (r, PodOutcome::Terminating(since));
     }
-    let api: Api<Pod> = Api::namespaced(client, &r.namespace);
     // Past the deadline nothing new is sent, even with slots free: the round
     // must end in time to write what it learnt.
     if tokio::time::Instant::now() >= deadline {
@@ -530,6 +554,22 @@ async fn evict_one(
     let Ok(Ok(slot)) = tokio::time::timeout_at(deadline, SLOTS.acquire()).await else {
         return (r, PodOutcome::Deferred);
     };
+    // Boxed: when 100 nodes drain at once, thousands of these wait for a
+    // slot; only the few holding one carry a request's state.
+    let virt_launcher = is_virt_launcher(&pod.metadata);
+    let outcome = Box::pin(request_eviction(client, &r, &uid, virt_launcher)).await;
+    drop(slot);
+    (r, outcome)
+}
+
+/// Send the eviction of `r` and sort its answer (the caller holds a slot).
+async fn request_eviction(
+    client: &Client,
+    r: &PodReference,
+    uid: &str,
+    virt_launcher: bool,
+) -> PodOutcome {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &r.namespace);
     tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), "requesting eviction");
     // No delete options: each pod's own grace period applies, as upstream.
     let answer = tokio::time::timeout(
@@ -537,17 +577,16 @@ async fn evict_one(
         api.evict(&r.name, &EvictParams::default()),
     )
     .await;
-    drop(slot);
     let Ok(answer) = answer else {
         tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), "eviction not answered in time");
-        return (r, PodOutcome::Deferred);
+        return PodOutcome::Deferred;
     };
     let outcome = match answer {
         Ok(_) => PodOutcome::Evicted,
         Err(kube::Error::Api(s)) if s.code == 404 => PodOutcome::Gone,
-        Err(e) => match refusal(&e, is_virt_launcher(&pod)) {
+        Err(e) => match refusal(&e, virt_launcher) {
             Refusal::Evacuation(message) => {
-                let since = MIGRATIONS.observe(&uid, Instant::now());
+                let since = MIGRATIONS.observe(uid, Instant::now());
                 if since.is_zero() {
                     tracing::info!(pod = %format!("{}/{}", r.namespace, r.name), %message,
                         "KubeVirt is live-migrating the pod's VM away; the pod leaves when the migration completes");
@@ -562,22 +601,25 @@ async fn evict_one(
         },
     };
     if !matches!(outcome, PodOutcome::Migrating { .. }) {
-        MIGRATIONS.forget(&uid);
+        MIGRATIONS.forget(uid);
     }
     tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), outcome = ?outcome, "eviction answered");
-    (r, outcome)
+    outcome
 }
 
 /// Evict every pod in `pods` at most `concurrency` at a time; those that
 /// got no eviction slot by `deadline` are [`PodOutcome::Deferred`].
 pub async fn evict_all(
     client: &Client,
-    pods: Vec<Pod>,
+    pods: &[LeavingPod],
     concurrency: usize,
     deadline: tokio::time::Instant,
 ) -> BTreeMap<PodReference, PodOutcome> {
-    futures::stream::iter(pods)
-        .map(|p| evict_one(client.clone(), p, deadline))
+    // By index: a closure taking `&LeavingPod` makes the future fail the
+    // compiler's Send check (higher-ranked lifetimes); one taking an index
+    // borrows the slice as a whole.
+    futures::stream::iter(0..pods.len())
+        .map(|i| evict_one(client, &pods[i], deadline))
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await
@@ -863,13 +905,13 @@ mod tests {
             serde_json::from_value(serde_json::json!({"metadata": {"name": "p", "labels": labels}}))
                 .expect("pod")
         };
-        assert!(is_virt_launcher(&pod(
-            serde_json::json!({"kubevirt.io": "virt-launcher"})
-        )));
-        assert!(!is_virt_launcher(&pod(
-            serde_json::json!({"kubevirt.io": "hotplug-disk"})
-        )));
-        assert!(!is_virt_launcher(&pod(serde_json::json!({}))));
+        assert!(is_virt_launcher(
+            &pod(serde_json::json!({"kubevirt.io": "virt-launcher"})).metadata
+        ));
+        assert!(!is_virt_launcher(
+            &pod(serde_json::json!({"kubevirt.io": "hotplug-disk"})).metadata
+        ));
+        assert!(!is_virt_launcher(&pod(serde_json::json!({})).metadata));
     }
 
     #[test]

@@ -555,10 +555,7 @@ async fn maintain(
         // A VM being live-migrated is left to finish: deleting its pod
         // would kill the VM.
         left.retain(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && !drain::references(std::slice::from_ref(p))
-                    .first()
-                    .is_some_and(|r| round.migrating.contains(r))
+            p.metadata.deletion_timestamp.is_none() && !round.migrating.contains(&p.reference())
         });
         force_delete(ctx, nm, &node_name, &left, &mut st).await;
     }
@@ -619,12 +616,12 @@ async fn force_delete(
     ctx: &Ctx,
     nm: &NodeMaintenance,
     node: &str,
-    pods: &[k8s_openapi::api::core::v1::Pod],
+    pods: &[drain::LeavingPod],
     st: &mut NodeMaintenanceStatus,
 ) {
     for pod in pods {
-        let ns = pod.namespace().unwrap_or_default();
-        let name = pod.name_any();
+        let ns = pod.namespace();
+        let name = pod.name();
         let params = DeleteParams {
             preconditions: pod.metadata.uid.clone().map(|uid| Preconditions {
                 uid: Some(uid),
@@ -667,7 +664,7 @@ async fn drain_round(
     ctx: &Ctx,
     node_name: &str,
     listed: Option<drain::NodePods>,
-) -> Result<(plan::Round, Vec<k8s_openapi::api::core::v1::Pod>), Error> {
+) -> Result<(plan::Round, Vec<drain::LeavingPod>), Error> {
     let mut listed = listed.filter(|p| !p.must_leave.is_empty());
     loop {
         let reused = listed.is_some();
@@ -677,7 +674,7 @@ async fn drain_round(
         };
         let outcomes = drain::evict_all(
             &ctx.evict_client,
-            pods.must_leave.clone(),
+            &pods.must_leave,
             ctx.max_concurrent_evictions,
             tokio::time::Instant::now() + drain::EVICTION_BUDGET,
         )
@@ -691,12 +688,7 @@ async fn drain_round(
         let left: Vec<_> = pods
             .must_leave
             .into_iter()
-            .filter(|p| {
-                let r = drain::references(std::slice::from_ref(p));
-                r.first()
-                    .and_then(|r| outcomes.get(r))
-                    .is_none_or(|o| *o != PodOutcome::Gone)
-            })
+            .filter(|p| outcomes.get(&p.reference()) != Some(&PodOutcome::Gone))
             .collect();
         if reused && left.is_empty() {
             continue; // "nothing left" needs a list taken after the cordon

@@ -216,14 +216,27 @@ pub struct PodStatusView {
 /// server's watch cache), each decoded as a [`PodView`]: what the drain and
 /// the admission warnings read, without holding whole pod specs.
 pub async fn list_node_pods(client: &kube::Client, node: &str) -> kube::Result<Vec<Pod>> {
+    let views = list_node_pod_views(client, node).await?;
+    Ok(views.into_iter().map(PodView::into_pod).collect())
+}
+
+/// [`list_node_pods`] as the views themselves: a caller converting one at a
+/// time (`PodView::to_pod`) never holds the node's pods as whole `Pod`s, a
+/// struct of some 2 KiB each even with an almost empty spec.
+pub async fn list_node_pod_views(client: &kube::Client, node: &str) -> kube::Result<Vec<PodView>> {
     let lp = kube::api::ListParams::default()
         .fields(&format!("spec.nodeName={node}"))
         .match_any();
     let list = kube::Api::<PodView>::all(client.clone()).list(&lp).await?;
-    Ok(list.items.into_iter().map(PodView::into_pod).collect())
+    Ok(list.items)
 }
 
 impl PodView {
+    /// The view as a `Pod` (what the pod rules read), leaving the view as is.
+    pub fn to_pod(&self) -> Pod {
+        self.clone().into_pod()
+    }
+
     pub fn into_pod(self) -> Pod {
         let spec = self.spec.unwrap_or_default();
         let volumes = spec.volumes.map(|vs| {
