@@ -49,4 +49,4 @@ if [ "$have" -lt "$nodes" ]; then
   bash tests/cluster/add-nodes.sh "$((nodes - have))" scale >/dev/null
   echo "nodes: $nodes Ready after $((SECONDS - t0)) s"
 fi
-BENCH_SCALE_NODES="$nodes" NMO_BIN_PROFILE=release ./target/release/scale-bench
+BENCH_SCALE_NODES="$nodes" NMO_BIN_PROFILE=release "${CARGO_TARGET_DIR:-target}/release/scale-bench"

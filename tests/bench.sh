@@ -11,7 +11,7 @@ echo "== building release binaries"
 cargo build --release --workspace --bins
 bash tests/cluster/up.sh
 echo "== controller"
-NMO_BIN_PROFILE=release ./target/release/controller-bench
+NMO_BIN_PROFILE=release "${CARGO_TARGET_DIR:-target}/release/controller-bench"
 echo "== webhook"
 bash tests/deploy/bench-webhook.sh
 echo "== recovery from a kube-apiserver restart (SIGKILL, down 8 s; tests/tests/restarts.rs)"
