@@ -369,19 +369,33 @@ pub async fn list_node_pods(client: &Client, node: &str) -> Result<NodePods, Lis
             node: node.to_string(),
             source,
         })?;
-    let live = live_daemonsets(client, node, &pods).await?;
     let total = pods.len();
     // One whole `Pod` at a time (the rules read that type), never the node's.
-    let mut must_leave: Vec<LeavingPod> = pods
+    // Whether a pod leaves can hang only on its DaemonSet still existing,
+    // which is looked up once the node's pods are sorted.
+    let mut wanted = BTreeMap::new();
+    let mut candidates = Vec::new();
+    for p in pods.into_iter().map(PodView::into_pod) {
+        if !classify(&p, |_| false).must_leave() {
+            continue;
+        }
+        let ds =
+            daemonset_to_look_up(&p).map(|ds| (p.namespace().unwrap_or_default(), ds.to_string()));
+        if let Some(key) = &ds {
+            wanted.insert(key.clone(), p.name_any());
+        }
+        candidates.push((
+            LeavingPod {
+                metadata: p.metadata,
+            },
+            ds,
+        ));
+    }
+    let live = live_daemonsets(client, node, wanted).await?;
+    let mut must_leave: Vec<LeavingPod> = candidates
         .into_iter()
-        .map(PodView::into_pod)
-        .filter(|p| {
-            let ns = p.namespace().unwrap_or_default();
-            classify(p, |ds| live.contains(&(ns, ds.to_string()))).must_leave()
-        })
-        .map(|p| LeavingPod {
-            metadata: p.metadata,
-        })
+        .filter(|(_, ds)| ds.as_ref().is_none_or(|key| !live.contains(key)))
+        .map(|(p, _)| p)
         .collect();
     must_leave.sort_by_key(|p| (p.namespace(), p.name()));
     Ok(NodePods { total, must_leave })
@@ -412,26 +426,18 @@ fn remember_answer(key: (String, String), exists: bool) {
         .insert(key, (exists, Instant::now()));
 }
 
-/// `(namespace, name)` of the DaemonSets that exist among those the pods'
-/// classification needs (see `classify::daemonset_to_look_up`).
+/// `(namespace, name)` of the DaemonSets that exist among `wanted` (those the
+/// pods' classification needs, see `classify::daemonset_to_look_up`, each with
+/// one of its pods on the node for the error text).
 async fn live_daemonsets(
     client: &Client,
     node: &str,
-    pods: &[PodView],
+    wanted: BTreeMap<(String, String), String>,
 ) -> Result<BTreeSet<(String, String)>, ListPodsError> {
-    // One lookup per DaemonSet, remembering one of its pods for the error text.
+    // One lookup per DaemonSet not answered recently.
     let mut live = BTreeSet::new();
-    let wanted: BTreeMap<(String, String), String> = pods
-        .iter()
-        .filter_map(|v| {
-            let p = v.to_pod();
-            daemonset_to_look_up(&p).map(|ds| {
-                (
-                    (p.namespace().unwrap_or_default(), ds.to_string()),
-                    p.name_any(),
-                )
-            })
-        })
+    let wanted: BTreeMap<(String, String), String> = wanted
+        .into_iter()
         .filter(|(key, _)| match recent_answer(key) {
             Some(true) => {
                 live.insert(key.clone());

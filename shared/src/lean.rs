@@ -221,7 +221,7 @@ pub async fn list_node_pods(client: &kube::Client, node: &str) -> kube::Result<V
 }
 
 /// [`list_node_pods`] as the views themselves: a caller converting one at a
-/// time (`PodView::to_pod`) never holds the node's pods as whole `Pod`s, a
+/// time (`PodView::into_pod`) never holds the node's pods as whole `Pod`s, a
 /// struct of some 2 KiB each even with an almost empty spec.
 pub async fn list_node_pod_views(client: &kube::Client, node: &str) -> kube::Result<Vec<PodView>> {
     let lp = kube::api::ListParams::default()
@@ -232,11 +232,6 @@ pub async fn list_node_pod_views(client: &kube::Client, node: &str) -> kube::Res
 }
 
 impl PodView {
-    /// The view as a `Pod` (what the pod rules read), leaving the view as is.
-    pub fn to_pod(&self) -> Pod {
-        self.clone().into_pod()
-    }
-
     pub fn into_pod(self) -> Pod {
         let spec = self.spec.unwrap_or_default();
         let volumes = spec.volumes.map(|vs| {
