@@ -164,6 +164,25 @@ start_component() {
   echo "$!" >"$PIDS/$name.pid"
 }
 
+# starting_alive NAME: the component this script just started is still running.
+# Right after start_component its pid may still be the forked subshell that has
+# not yet exec'd the binary (its command line is this script's, so is_ours says
+# no); a child of ours that is not a zombie counts as alive too. A loaded CI
+# machine once took long enough there to fail kube-controller-manager's start
+# with an empty log.
+starting_alive() {
+  pid_of "$1" >/dev/null && return 0
+  local f="$PIDS/$1.pid" pid stat state ppid
+  [ -f "$f" ] || return 1
+  pid="$(cat "$f")"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || return 1
+  # fields after the "(comm)": state, ppid
+  stat="${stat##*) }"
+  read -r state ppid _ <<<"$stat"
+  [ "$state" != Z ] && [ "$ppid" = "$$" ]
+}
+
 component_failed() {
   local name=$1 why=$2
   {
@@ -182,7 +201,7 @@ wait_healthy() {
   local name=$1; shift
   local t0=$SECONDS next=$((SECONDS + 5))
   until "$@"; do
-    pid_of "$name" >/dev/null || component_failed "$name" "exited during startup"
+    starting_alive "$name" || component_failed "$name" "exited during startup"
     [ "$SECONDS" -lt $((t0 + COMPONENT_TIMEOUT)) ] ||
       component_failed "$name" "not healthy after $COMPONENT_TIMEOUT s (check: $*)"
     if [ "$SECONDS" -ge "$next" ]; then
