@@ -10,6 +10,7 @@ pub mod events;
 pub mod leadership;
 pub mod metrics;
 pub mod node;
+pub mod node_cache;
 pub mod node_lease;
 pub mod plan;
 pub mod queue_metrics;

@@ -48,13 +48,16 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let everything = futures::stream::select(leadership.acquired(ctx.metrics.clone()), relisted);
     let everything = watches::reconcile_all(everything, store.clone(), queue.clone());
     let unblocked = blockers::wakes(client.clone(), store.clone(), queue.clone());
-    let nodes = watches::nodes(client);
+    let node_cache = ctx.node_cache.clone();
+    let nodes = watches::nodes(client, node_cache.clone());
     let controller = Controller::for_stream(nms, store.clone())
         .with_config(controller::Config::default().concurrency(limit))
         // Its own pause after a watch error grows to 30 s; ours reconnects
         // within 0.1-2 s (shared::watch).
         .trigger_backoff(shared::watch::reconnect_backoff())
-        .watches_stream(nodes, move |n| watches::maintenances_of(&store, &n, &queue))
+        .watches_stream(nodes, move |n| {
+            watches::maintenances_of(&store, &n, &queue, &node_cache)
+        })
         .reconcile_all_on(everything)
         .reconcile_on(unblocked)
         .graceful_shutdown_on(stop)

@@ -26,6 +26,7 @@ use crate::events::Events;
 use crate::leadership::Leadership;
 use crate::metrics::{Metrics, ReconcileResult};
 use crate::node;
+use crate::node_cache::NodeCache;
 use crate::node_lease::{LeaseError, NodeLeases};
 use crate::plan::{self, Admission, LeaseOutcome, LeaseStep, Lifecycle};
 use shared::slots;
@@ -114,6 +115,8 @@ pub struct Ctx {
     pub own_writes: OwnWrites,
     /// When to look again while something blocks (--blocked-retry-interval).
     pub blocked_retry: Duration,
+    /// The nodes of the maintenances, as the node watch sees them.
+    pub node_cache: NodeCache,
 }
 
 impl Ctx {
@@ -138,6 +141,7 @@ impl Ctx {
             conflicts: ConflictStreaks::default(),
             own_writes: OwnWrites::default(),
             blocked_retry: cfg.blocked_retry_interval,
+            node_cache: NodeCache::default(),
         }
     }
 
@@ -467,15 +471,25 @@ async fn apply(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
     }
 }
 
+/// The node, from the node cache when a reconcile read it before (the watch
+/// keeps it current), else live. Only a live read says a node is gone.
 async fn read_node(ctx: &Ctx, name: &str) -> Result<Option<Node>, Error> {
-    ctx.nodes()
+    if let Some(node) = ctx.node_cache.get(name) {
+        return Ok(Some(node));
+    }
+    let node = ctx
+        .nodes()
         .get_opt(name)
         .await
         .map_err(|source| Error::Node {
             action: "read",
             node: name.to_string(),
             source,
-        })
+        })?;
+    if let Some(node) = &node {
+        ctx.node_cache.put(node);
+    }
+    Ok(node)
 }
 
 /// An admitted maintenance on an existing node: the starting point, the
@@ -738,22 +752,27 @@ async fn patch_node(
             node: node.to_string(),
             source: kube::Error::SerdeError(e),
         })?;
-    ctx.nodes()
+    let result = ctx
+        .nodes()
         .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-        .map(|_| ())
-        .map_err(|source| match &source {
-            // The patch opens with a `test` of the taints we read: 422 (or a
-            // 409) means the node moved on since, not that the request was wrong.
-            kube::Error::Api(s) if s.code == 422 || s.code == 409 => Error::NodeChanged {
-                node: node.to_string(),
-            },
-            _ => Error::Node {
-                action,
-                node: node.to_string(),
-                source,
-            },
-        })
+        .await;
+    match &result {
+        Ok(written) => ctx.node_cache.wrote(written),
+        // Whatever went wrong, the next attempt starts from a live read.
+        Err(_) => ctx.node_cache.forget(node),
+    }
+    result.map(|_| ()).map_err(|source| match &source {
+        // The patch opens with a `test` of the taints we read: 422 (or a
+        // 409) means the node moved on since, not that the request was wrong.
+        kube::Error::Api(s) if s.code == 422 || s.code == 409 => Error::NodeChanged {
+            node: node.to_string(),
+        },
+        _ => Error::Node {
+            action,
+            node: node.to_string(),
+            source,
+        },
+    })
 }
 
 /// Take our taints, cordon and label off the node; say UncordonNode on the
@@ -810,6 +829,9 @@ async fn cleanup(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
     let nm = set_finalizers(ctx, &nm, rest).await?;
     // The object goes now: nothing of ours to remember about it.
     ctx.own_writes.forget(&name);
+    if plan::touched_node(nm.phase()) {
+        ctx.node_cache.retire(&node_name);
+    }
     ctx.events.on(&nm, EVENT_REMOVED_MAINTENANCE).await;
     Ok(None)
 }

@@ -1,7 +1,7 @@
 //! What the controller watches, and what wakes a reconcile: NodeMaintenance
 //! changes that matter (spec, finalizers, deletion; not our own status
 //! writes), a full re-list after the watch lost track, and changes of a node
-//! that a NodeMaintenance names.
+//! that a NodeMaintenance names (not the echo of our own node patch).
 
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
@@ -16,6 +16,7 @@ use shared::lean::NodeView;
 use shared::probes::Gate;
 
 use crate::metrics::Metrics;
+use crate::node_cache::NodeCache;
 use crate::queue_metrics::WorkQueue;
 
 /// Objects per page of a watch's full list (kube's default is 500): the
@@ -124,15 +125,15 @@ fn show(metrics: &Metrics, nm: &NodeMaintenance) {
 /// list never holds more than a small page of JSON.
 pub fn nodes(
     client: Client,
+    cache: NodeCache,
 ) -> impl Stream<Item = Result<NodeView, watcher::Error>> + Send + 'static {
     watcher(
         Api::<NodeView>::all(client),
         watcher::Config::default().page_size(LIST_PAGE),
     )
-    .inspect(|event| {
-        if let Err(e) = event {
-            log_watch_error("nodes", e);
-        }
+    .inspect(move |event| match event {
+        Ok(event) => cache.observe(event),
+        Err(e) => log_watch_error("nodes", e),
     })
     .applied_objects()
     .predicate_filter(
@@ -154,12 +155,17 @@ pub fn nodes(
     )
 }
 
-/// The NodeMaintenances (from the cache) that name `node`, each queued.
+/// The NodeMaintenances (from the cache) that name `node`, each queued;
+/// none when the change is the echo of our own patch.
 pub fn maintenances_of(
     store: &Store<NodeMaintenance>,
     node: &NodeView,
     queue: &WorkQueue,
+    cache: &NodeCache,
 ) -> Vec<ObjectRef<NodeMaintenance>> {
+    if cache.is_own_echo(node) {
+        return Vec::new();
+    }
     let name = node.name_any();
     store
         .state()

@@ -136,7 +136,7 @@ pub struct NodeView {
     pub spec: Option<NodeSpecView>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 pub struct NodeSpecView {
     #[serde(default)]
     pub unschedulable: Option<bool>,
@@ -144,12 +144,17 @@ pub struct NodeSpecView {
     pub taints: Option<Vec<TaintView>>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
 pub struct TaintView {
     pub key: String,
     #[serde(default)]
     pub value: Option<String>,
     pub effect: String,
+    /// Kept so a patch computed from the watched node tests the taint list
+    /// exactly as stored.
+    #[serde(default)]
+    pub time_added: Option<Time>,
 }
 
 lean_resource!(NodeView, ClusterResourceScope, "", "v1", "Node", "nodes", metadata_only: false);

@@ -1,0 +1,349 @@
+//! The nodes that maintenances name, as the node watch last saw them, so a
+//! reconcile reads its node without a request (upstream's controller reads
+//! nodes from its informer cache too). Only nodes a reconcile asked for are
+//! kept, trimmed to what a decision reads (name, uid, labels, cordon,
+//! taints): a thousand-node cluster with one maintenance holds one node.
+//!
+//! Freshness: the node watch updates an entry before it can wake a
+//! reconcile, so a reconcile woken by a node change reads that change. Our
+//! own patches update the entry from what the API server returned. A copy
+//! that is still stale (the watch lagging someone else's write) is harmless:
+//! every node patch first tests the taint list it was computed from, so it
+//! fails (422) instead of overwriting, and a failed patch drops the entry so
+//! the retry reads the node live. A watch that lost track (a new full list)
+//! empties the cache.
+//!
+//! It also tells our own writes apart: the watch event of a patch we made
+//! (same resourceVersion as the patch's answer) wakes no reconcile; the
+//! reconcile that made it already acted on it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::watcher;
+use shared::lean::NodeView;
+
+#[derive(Clone, Default)]
+pub struct NodeCache(Arc<Mutex<HashMap<String, Entry>>>);
+
+struct Entry {
+    node: Node,
+    /// The resourceVersion our last patch of the node returned, until the
+    /// watch delivered that version.
+    own_write: Option<String>,
+    /// The maintenance that asked for it ended: dropped once nothing of
+    /// ours is pending on it.
+    retired: bool,
+}
+
+/// resourceVersions are opaque by contract but etcd's are increasing
+/// integers; compared only when both parse, otherwise the later arrival wins.
+fn older(candidate: &Node, than: &Node) -> bool {
+    let rv = |n: &Node| {
+        n.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    matches!((rv(candidate), rv(than)), (Some(a), Some(b)) if a < b)
+}
+
+/// A node reduced to what the controller reads.
+pub fn trimmed(node: Node) -> Node {
+    let m = node.metadata;
+    let spec = node.spec.unwrap_or_default();
+    Node {
+        metadata: ObjectMeta {
+            name: m.name,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            labels: m.labels,
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            unschedulable: spec.unschedulable,
+            taints: spec.taints,
+            ..NodeSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The node as the watch decoded it, in the type the decisions take.
+pub fn from_view(view: &NodeView) -> Node {
+    let spec = view.spec.as_ref();
+    Node {
+        metadata: ObjectMeta {
+            name: view.metadata.name.clone(),
+            uid: view.metadata.uid.clone(),
+            resource_version: view.metadata.resource_version.clone(),
+            labels: view.metadata.labels.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            unschedulable: spec.and_then(|s| s.unschedulable),
+            taints: spec.and_then(|s| s.taints.as_ref()).map(|ts| {
+                ts.iter()
+                    .map(|t| Taint {
+                        key: t.key.clone(),
+                        value: t.value.clone(),
+                        effect: t.effect.clone(),
+                        time_added: t.time_added.clone(),
+                    })
+                    .collect()
+            }),
+            ..NodeSpec::default()
+        }),
+        status: None,
+    }
+}
+
+impl NodeCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The cached copy of node `name`, if a reconcile read it before.
+    pub fn get(&self, name: &str) -> Option<Node> {
+        let mut m = self.lock();
+        let e = m.get_mut(name)?;
+        e.retired = false;
+        Some(e.node.clone())
+    }
+
+    /// A node just read live.
+    pub fn put(&self, node: &Node) {
+        self.store(node, false);
+    }
+
+    /// What our patch of a node returned.
+    pub fn wrote(&self, node: &Node) {
+        self.store(node, true);
+    }
+
+    fn store(&self, node: &Node, ours: bool) {
+        let Some(name) = node.metadata.name.clone() else {
+            return;
+        };
+        let node = trimmed(node.clone());
+        let rv = node.metadata.resource_version.clone();
+        let mut m = self.lock();
+        match m.get_mut(&name) {
+            Some(e) => {
+                if !older(&node, &e.node) {
+                    e.node = node;
+                }
+                if ours {
+                    e.own_write = rv;
+                }
+                e.retired = false;
+            }
+            None => {
+                m.insert(
+                    name,
+                    Entry {
+                        node,
+                        own_write: if ours { rv } else { None },
+                        retired: false,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Drop node `name` (a patch of it failed: the next read goes live).
+    pub fn forget(&self, name: &str) {
+        self.lock().remove(name);
+    }
+
+    /// The maintenance of node `name` is over: drop it once the watch
+    /// delivered our last write (so that write still wakes nothing).
+    pub fn retire(&self, name: &str) {
+        let mut m = self.lock();
+        if let Some(e) = m.get_mut(name) {
+            if e.own_write.is_none() {
+                m.remove(name);
+            } else {
+                e.retired = true;
+            }
+        }
+    }
+
+    /// Follow the node watch (called on every event, before any reconcile
+    /// it wakes).
+    pub fn observe(&self, event: &watcher::Event<NodeView>) {
+        match event {
+            watcher::Event::Apply(v) | watcher::Event::InitApply(v) => {
+                let Some(name) = v.metadata.name.as_deref() else {
+                    return;
+                };
+                let mut m = self.lock();
+                if let Some(e) = m.get_mut(name) {
+                    let node = from_view(v);
+                    if !older(&node, &e.node) {
+                        e.node = node;
+                    }
+                    // A later version than our write: its echo went by (or
+                    // changed nothing the reconciles look at).
+                    let past = |w: &String| {
+                        let n = |s: Option<&str>| s.and_then(|s| s.parse::<u64>().ok());
+                        matches!((n(v.metadata.resource_version.as_deref()), n(Some(w))), (Some(a), Some(b)) if a > b)
+                    };
+                    if e.own_write.as_ref().is_some_and(past) {
+                        e.own_write = None;
+                    }
+                    if e.retired && e.own_write.is_none() {
+                        m.remove(name);
+                    }
+                }
+            }
+            watcher::Event::Delete(v) => {
+                if let Some(name) = v.metadata.name.as_deref() {
+                    self.lock().remove(name);
+                }
+            }
+            // A new full list: what it no longer holds may be gone.
+            watcher::Event::Init => self.lock().clear(),
+            watcher::Event::InitDone => {}
+        }
+    }
+
+    /// True when `view` is the watch's echo of our own last patch of that
+    /// node (then no reconcile needs waking). Asked once per node change.
+    pub fn is_own_echo(&self, view: &NodeView) -> bool {
+        let Some(name) = view.metadata.name.as_deref() else {
+            return false;
+        };
+        let mut m = self.lock();
+        let Some(e) = m.get_mut(name) else {
+            return false;
+        };
+        if e.own_write.is_none() || e.own_write != view.metadata.resource_version {
+            return false;
+        }
+        e.own_write = None;
+        if e.retired {
+            m.remove(name);
+        }
+        true
+    }
+
+    /// Nodes held (for tests and the bench's reasoning about memory).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn view(rv: &str, unschedulable: bool) -> NodeView {
+        serde_json::from_value(json!({
+            "metadata": {"name": "w1", "uid": "u1", "resourceVersion": rv, "labels": {"a": "b"}},
+            "spec": {"unschedulable": unschedulable,
+                     "taints": [{"key": "k", "effect": "NoExecute", "timeAdded": "2026-12-01T10:00:00Z"}]}
+        }))
+        .expect("node view")
+    }
+
+    fn node(rv: &str, unschedulable: bool) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "w1", "uid": "u1", "resourceVersion": rv,
+                         "annotations": {"big": "x"}, "labels": {"a": "b"}},
+            "spec": {"unschedulable": unschedulable, "podCIDR": "10.0.0.0/24"},
+            "status": {"capacity": {"cpu": "4"}}
+        }))
+        .expect("node")
+    }
+
+    fn rv_of(n: &Node) -> &str {
+        n.metadata.resource_version.as_deref().unwrap_or_default()
+    }
+
+    #[test]
+    fn keeps_only_nodes_a_reconcile_read_and_trims_them() {
+        let c = NodeCache::default();
+        c.observe(&watcher::Event::Apply(view("5", false)));
+        assert!(c.get("w1").is_none(), "the watch alone caches nothing");
+        c.put(&node("5", false));
+        let n = c.get("w1").expect("cached");
+        assert!(n.status.is_none() && n.metadata.annotations.is_none());
+        assert_eq!(n.spec.and_then(|s| s.pod_cidr), None);
+    }
+
+    #[test]
+    fn follows_the_watch_but_never_goes_back_in_time() {
+        let c = NodeCache::default();
+        c.put(&node("5", false));
+        c.observe(&watcher::Event::Apply(view("7", true)));
+        let n = c.get("w1").expect("cached");
+        assert_eq!(rv_of(&n), "7");
+        assert_eq!(n.spec.as_ref().and_then(|s| s.unschedulable), Some(true));
+        let t = &n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .expect("taints")[0];
+        assert!(
+            t.time_added.is_some(),
+            "the taint list is kept whole for the patch's test"
+        );
+        c.observe(&watcher::Event::Apply(view("6", false)));
+        assert_eq!(rv_of(&c.get("w1").expect("cached")), "7");
+        c.wrote(&node("4", false));
+        assert_eq!(rv_of(&c.get("w1").expect("cached")), "7");
+    }
+
+    #[test]
+    fn the_echo_of_our_own_patch_wakes_nothing_once() {
+        let c = NodeCache::default();
+        c.wrote(&node("9", true));
+        assert!(!c.is_own_echo(&view("8", false)));
+        assert!(c.is_own_echo(&view("9", true)));
+        assert!(!c.is_own_echo(&view("9", true)), "only once");
+        assert!(!c.is_own_echo(&view("10", true)), "someone else's change");
+
+        // An echo the node watch's filter swallowed is over once a later
+        // version arrives, so a retired entry still goes.
+        c.wrote(&node("11", true));
+        c.retire("w1");
+        c.observe(&watcher::Event::Apply(view("12", true)));
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn deletes_relists_and_retirement_drop_entries() {
+        let c = NodeCache::default();
+        c.put(&node("5", false));
+        c.observe(&watcher::Event::Delete(view("6", false)));
+        assert!(c.is_empty());
+
+        c.put(&node("5", false));
+        c.observe(&watcher::Event::Init);
+        assert!(c.is_empty());
+
+        c.put(&node("5", false));
+        c.retire("w1");
+        assert!(c.is_empty(), "nothing pending: gone at once");
+
+        c.wrote(&node("6", false));
+        c.retire("w1");
+        assert_eq!(c.len(), 1, "kept until the echo of our write");
+        assert!(c.is_own_echo(&view("6", false)));
+        assert!(c.is_empty());
+
+        c.wrote(&node("7", false));
+        c.retire("w1");
+        assert!(c.get("w1").is_some(), "a new maintenance reads it: kept");
+        c.forget("w1");
+        assert!(c.is_empty());
+    }
+}
