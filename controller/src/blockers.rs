@@ -34,7 +34,7 @@
 //!   wakes its node's maintenance.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream::{AbortHandle, BoxStream, SelectAll};
@@ -56,12 +56,35 @@ const FOLLOW_MAINTENANCES: Duration = Duration::from_secs(1);
 
 type WatchEvent<K> = Result<watcher::Event<K>, watcher::Error>;
 
+/// The nodes whose pod watch is up (its first list done): the departure of
+/// the last pod a maintenance there waits for wakes it, so a drain round
+/// whose pods are all on their way out needs no quick poll.
+#[derive(Clone, Default)]
+pub struct WatchedNodes(Arc<Mutex<HashSet<String>>>);
+
+impl WatchedNodes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub fn contains(&self, node: &str) -> bool {
+        self.lock().contains(node)
+    }
+    fn set(&self, node: &str, watched: bool) {
+        if watched {
+            self.lock().insert(node.to_string());
+        } else {
+            self.lock().remove(node);
+        }
+    }
+}
+
 /// The NodeMaintenances to reconcile now because what blocked their drain
 /// may have cleared (see the module docs). Each is counted in `queue`.
 pub fn wakes(
     client: Client,
     store: Store<NodeMaintenance>,
     queue: WorkQueue,
+    up: WatchedNodes,
 ) -> impl Stream<Item = ObjectRef<NodeMaintenance>> + Send + 'static {
     let pdbs = watcher(
         Api::<PdbView>::all(client.clone()),
@@ -79,6 +102,7 @@ pub fn wakes(
         watched: BTreeMap::new(),
         over_limit_logged: false,
         ready: VecDeque::new(),
+        up,
     };
     futures::stream::unfold(
         (state, None::<tokio::time::Interval>),
@@ -113,6 +137,8 @@ struct Blockers {
     watched: BTreeMap<String, PodWatch>,
     over_limit_logged: bool,
     ready: VecDeque<ObjectRef<NodeMaintenance>>,
+    /// The nodes of `watched` whose watch listed (shared with the reconciler).
+    up: WatchedNodes,
 }
 
 struct PodWatch {
@@ -193,6 +219,7 @@ impl Blockers {
                 };
                 if !std::mem::replace(&mut w.listed, true) {
                     tracing::debug!(%node, "watching the pods of node {node} under maintenance");
+                    self.up.set(node, true);
                     let present = std::mem::take(&mut w.first_list);
                     let why = format!("a pending pod left node {node} before its pod watch began");
                     let gone: Vec<_> = draining(&self.store.state())
@@ -224,10 +251,12 @@ impl Blockers {
         let want: BTreeSet<String> = draining(&self.store.state())
             .map(|nm| nm.spec.node_name.clone())
             .collect();
+        let up = &self.up;
         self.watched.retain(|node, w| {
             let keep = want.contains(node);
             if !keep {
                 w.stop.abort();
+                up.set(node, false);
                 tracing::debug!(%node, "no maintenance drains node {node} any more: its pod watch stops");
             }
             keep

@@ -47,7 +47,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     // Won the Lease, or the NodeMaintenance watch listed again: reconcile all.
     let everything = futures::stream::select(leadership.acquired(ctx.metrics.clone()), relisted);
     let everything = watches::reconcile_all(everything, store.clone(), queue.clone());
-    let unblocked = blockers::wakes(client.clone(), store.clone(), queue.clone());
+    let unblocked = blockers::wakes(
+        client.clone(),
+        store.clone(),
+        queue.clone(),
+        ctx.departures_watched.clone(),
+    );
     let node_cache = ctx.node_cache.clone();
     let nodes = watches::nodes(client, node_cache.clone());
     let controller = Controller::for_stream(nms, store.clone())

@@ -197,6 +197,11 @@ pub struct Round {
     /// Virt-launcher pods whose VM KubeVirt is live-migrating away: progress,
     /// not a blocker (until it runs too long: then `blocker` names it).
     pub migrating: Vec<PodReference>,
+    /// Every remaining pod is on its way out (its eviction accepted, or
+    /// already terminating) and the node's pod watch will wake the
+    /// maintenance when the last of them has gone (`blockers`): the poll
+    /// is then only a backstop.
+    pub departures_watched: bool,
 }
 
 /// The status to write after a round, and when to come back.
@@ -237,7 +242,7 @@ pub fn after_round(status: &Status, round: Round, blocked_retry: Duration) -> Ne
     st.last_error = round.blocker.unwrap_or_default();
     Next {
         status: st,
-        requeue: if waiting {
+        requeue: if waiting || round.departures_watched {
             blocked_retry
         } else {
             REQUEUE_TERMINATING
@@ -569,16 +574,23 @@ mod tests {
             remaining: pods.iter().map(|p| pod(p)).collect(),
             blocker: Some("pod ns/a: eviction blocked by a PodDisruptionBudget".into()),
             migrating: vec![],
+            departures_watched: false,
         };
         let leaving = |pods: &[&str]| Round {
             remaining: pods.iter().map(|p| pod(p)).collect(),
             blocker: None,
             migrating: vec![],
+            departures_watched: false,
+        };
+        let leaving_watched = |pods: &[&str]| Round {
+            departures_watched: true,
+            ..leaving(pods)
         };
         let migrating = |pods: &[&str]| Round {
             remaining: pods.iter().map(|p| pod(p)).collect(),
             blocker: None,
             migrating: pods.iter().map(|p| pod(p)).collect(),
+            departures_watched: false,
         };
         let with_error = |mut st: Status, e: &str| {
             st.last_error = e.into();
@@ -621,6 +633,16 @@ mod tests {
                 Next {
                     status: running(3, &["a", "b"], 33),
                     requeue: REQUEUE_TERMINATING,
+                    refresh: false,
+                },
+            ),
+            (
+                "pods terminating, their departure watched: the watch wakes us, the poll waits 5 s",
+                running(3, &["a", "b", "c"], 0),
+                leaving_watched(&["a", "b"]),
+                Next {
+                    status: running(3, &["a", "b"], 33),
+                    requeue: REQUEUE_BLOCKED,
                     refresh: false,
                 },
             ),

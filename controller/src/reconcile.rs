@@ -19,6 +19,7 @@ use shared::consts::{
 };
 use shared::{DrainTimeoutAction, NodeMaintenance, NodeMaintenanceStatus};
 
+use crate::blockers::WatchedNodes;
 use crate::conditions::{self, Cause};
 use crate::conflicts::{ConflictStreaks, Current, OwnWrites};
 use crate::drain::{self, PodOutcome};
@@ -117,6 +118,8 @@ pub struct Ctx {
     pub blocked_retry: Duration,
     /// The nodes of the maintenances, as the node watch sees them.
     pub node_cache: NodeCache,
+    /// The nodes whose pods' departures are watched (`blockers`).
+    pub departures_watched: WatchedNodes,
 }
 
 impl Ctx {
@@ -142,6 +145,7 @@ impl Ctx {
             own_writes: OwnWrites::default(),
             blocked_retry: cfg.blocked_retry_interval,
             node_cache: NodeCache::default(),
+            departures_watched: WatchedNodes::default(),
         }
     }
 
@@ -707,10 +711,19 @@ async fn drain_round(
         if reused && left.is_empty() {
             continue; // "nothing left" needs a list taken after the cordon
         }
+        let on_their_way = left.iter().all(|p| {
+            matches!(
+                outcomes.get(&p.reference()),
+                Some(PodOutcome::Evicted | PodOutcome::Terminating(_))
+            )
+        });
         let round = plan::Round {
             remaining: drain::references(&left),
             blocker: drain::blocker_summary(node_name, &outcomes),
             migrating: drain::migrating(&outcomes),
+            departures_watched: !left.is_empty()
+                && on_their_way
+                && ctx.departures_watched.contains(node_name),
         };
         return Ok((round, left));
     }
