@@ -52,7 +52,7 @@ bench: ## Performance figures: webhook reviews/s and latency, controller drain t
 	cargo run --release -q -p nmo-shared --example log_writers -- 200000 3
 	bash tests/bench-scale.sh
 
-bench-scale: ## Both services at 1,000 nodes and 30,000 pods on a plane of their own: memory, reviews/s, 100 maintenances at once, soak (fresh: 35-45 min on 2 cores, most of it the fill; BENCH_SCALE_KEEP=1 keeps the plane for the next run)
+bench-scale: ## Both services at 1,000 nodes and 30,000 pods on a plane of their own: memory, reviews/s, 100 maintenances at once, soak (fresh: 25-45 min on 2 cores, most of it the fill; BENCH_SCALE_KEEP=1 keeps the plane for the next run)
 	bash tests/bench-scale.sh
 
 images: ## OCI image archives of both services in target/images/ (static musl binaries, FROM scratch, reproducible, no container daemon)

@@ -4,7 +4,7 @@
 # plane of .cluster/, on the next free ports), adds 1,000 kwok nodes with
 # tests/cluster/add-nodes.sh, then runs target/release/scale-bench
 # (tests/src/bin/scale-bench.rs): 30,000 pods, the services from their
-# images, the figures against the targets. Takes some 35-45 minutes on 2 cores,
+# images, the figures against the targets. Takes some 25-45 minutes on 2 cores,
 # most of it filling the plane; progress is printed throughout.
 #
 #   BENCH_SCALE_NODES=1000          nodes of pool "scale"
