@@ -40,64 +40,57 @@ struct Entry {
 
 /// resourceVersions are opaque by contract but etcd's are increasing
 /// integers; compared only when both parse, otherwise the later arrival wins.
-fn older(candidate: &Node, than: &Node) -> bool {
-    let rv = |n: &Node| {
-        n.metadata
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok())
-    };
-    matches!((rv(candidate), rv(than)), (Some(a), Some(b)) if a < b)
+fn rv_number(rv: Option<&str>) -> Option<u64> {
+    rv.and_then(|v| v.parse().ok())
+}
+
+/// `a` is a strictly older version than `b` (as far as can be told).
+fn older(a: Option<&str>, b: Option<&str>) -> bool {
+    matches!((rv_number(a), rv_number(b)), (Some(a), Some(b)) if a < b)
+}
+
+fn rv(node: &Node) -> Option<&str> {
+    node.metadata.resource_version.as_deref()
+}
+
+/// A node holding only what the controller reads: name, uid, version,
+/// labels, cordon, taints.
+fn lean_node(meta: &ObjectMeta, unschedulable: Option<bool>, taints: Option<Vec<Taint>>) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: meta.name.clone(),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+            labels: meta.labels.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            unschedulable,
+            taints,
+            ..NodeSpec::default()
+        }),
+        status: None,
+    }
 }
 
 /// A node reduced to what the controller reads.
-pub fn trimmed(node: Node) -> Node {
-    let m = node.metadata;
-    let spec = node.spec.unwrap_or_default();
-    Node {
-        metadata: ObjectMeta {
-            name: m.name,
-            uid: m.uid,
-            resource_version: m.resource_version,
-            labels: m.labels,
-            ..ObjectMeta::default()
-        },
-        spec: Some(NodeSpec {
-            unschedulable: spec.unschedulable,
-            taints: spec.taints,
-            ..NodeSpec::default()
-        }),
-        status: None,
-    }
+fn trimmed(node: &Node) -> Node {
+    let spec = node.spec.as_ref();
+    lean_node(
+        &node.metadata,
+        spec.and_then(|s| s.unschedulable),
+        spec.and_then(|s| s.taints.clone()),
+    )
 }
 
 /// The node as the watch decoded it, in the type the decisions take.
-pub fn from_view(view: &NodeView) -> Node {
+fn from_view(view: &NodeView) -> Node {
     let spec = view.spec.as_ref();
-    Node {
-        metadata: ObjectMeta {
-            name: view.metadata.name.clone(),
-            uid: view.metadata.uid.clone(),
-            resource_version: view.metadata.resource_version.clone(),
-            labels: view.metadata.labels.clone(),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NodeSpec {
-            unschedulable: spec.and_then(|s| s.unschedulable),
-            taints: spec.and_then(|s| s.taints.as_ref()).map(|ts| {
-                ts.iter()
-                    .map(|t| Taint {
-                        key: t.key.clone(),
-                        value: t.value.clone(),
-                        effect: t.effect.clone(),
-                        time_added: t.time_added.clone(),
-                    })
-                    .collect()
-            }),
-            ..NodeSpec::default()
-        }),
-        status: None,
-    }
+    lean_node(
+        &view.metadata,
+        spec.and_then(|s| s.unschedulable),
+        spec.and_then(|s| s.taints.clone()),
+    )
 }
 
 impl NodeCache {
@@ -127,16 +120,16 @@ impl NodeCache {
         let Some(name) = node.metadata.name.clone() else {
             return;
         };
-        let node = trimmed(node.clone());
-        let rv = node.metadata.resource_version.clone();
+        let node = trimmed(node);
+        let written = node.metadata.resource_version.clone();
         let mut m = self.lock();
         match m.get_mut(&name) {
             Some(e) => {
-                if !older(&node, &e.node) {
+                if !older(rv(&node), rv(&e.node)) {
                     e.node = node;
                 }
                 if ours {
-                    e.own_write = rv;
+                    e.own_write = written;
                 }
                 e.retired = false;
             }
@@ -145,7 +138,7 @@ impl NodeCache {
                     name,
                     Entry {
                         node,
-                        own_write: if ours { rv } else { None },
+                        own_write: if ours { written } else { None },
                         retired: false,
                     },
                 );
@@ -181,17 +174,13 @@ impl NodeCache {
                 };
                 let mut m = self.lock();
                 if let Some(e) = m.get_mut(name) {
-                    let node = from_view(v);
-                    if !older(&node, &e.node) {
-                        e.node = node;
+                    let seen = v.metadata.resource_version.as_deref();
+                    if !older(seen, rv(&e.node)) {
+                        e.node = from_view(v);
                     }
                     // A later version than our write: its echo went by (or
                     // changed nothing the reconciles look at).
-                    let past = |w: &String| {
-                        let n = |s: Option<&str>| s.and_then(|s| s.parse::<u64>().ok());
-                        matches!((n(v.metadata.resource_version.as_deref()), n(Some(w))), (Some(a), Some(b)) if a > b)
-                    };
-                    if e.own_write.as_ref().is_some_and(past) {
+                    if older(e.own_write.as_deref(), seen) {
                         e.own_write = None;
                     }
                     if e.retired && e.own_write.is_none() {
@@ -230,12 +219,13 @@ impl NodeCache {
         true
     }
 
-    /// Nodes held (for tests and the bench's reasoning about memory).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.lock().len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Pod, PodSpec, PodStatus, Volume};
+use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Pod, PodSpec, PodStatus, Taint, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::core::{ClusterResourceScope, NamespaceResourceScope};
 use serde::de::{IgnoredAny, MapAccess, Visitor};
@@ -136,25 +136,14 @@ pub struct NodeView {
     pub spec: Option<NodeSpecView>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 pub struct NodeSpecView {
     #[serde(default)]
     pub unschedulable: Option<bool>,
+    /// Whole (timeAdded included), so a patch computed from the watched node
+    /// tests the taint list exactly as stored.
     #[serde(default)]
-    pub taints: Option<Vec<TaintView>>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct TaintView {
-    pub key: String,
-    #[serde(default)]
-    pub value: Option<String>,
-    pub effect: String,
-    /// Kept so a patch computed from the watched node tests the taint list
-    /// exactly as stored.
-    #[serde(default)]
-    pub time_added: Option<Time>,
+    pub taints: Option<Vec<Taint>>,
 }
 
 lean_resource!(NodeView, ClusterResourceScope, "", "v1", "Node", "nodes", metadata_only: false);
