@@ -72,6 +72,13 @@ impl NodeLeases {
         }
     }
 
+    /// Keep `lease` as our last write (its managedFields dropped: a replace
+    /// without them leaves the API server's as they are).
+    fn keep(&self, name: &str, mut lease: Lease) {
+        shared::lean::forget_managed_fields(&mut lease.metadata);
+        self.ours().insert(name.to_string(), lease);
+    }
+
     fn ours(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Lease>> {
         self.ours.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -118,7 +125,7 @@ impl NodeLeases {
         let reacquire = match decide(&spec, LEASE_HOLDER_IDENTITY, LEASE_DURATION_SECONDS, now) {
             LeaseDecision::Keep => {
                 lease.spec = Some(spec);
-                self.ours().insert(name.to_string(), lease);
+                self.keep(name, lease);
                 return Ok(());
             }
             LeaseDecision::HeldByOther(holder) => return Err(LeaseError::HeldByOther(holder)),
@@ -146,7 +153,7 @@ impl NodeLeases {
             .replace(name, &PostParams::default(), &lease)
             .await
             .map_err(|e| self.err("update", name, e))?;
-        self.ours().insert(name.to_string(), written);
+        self.keep(name, written);
         Ok(())
     }
 
@@ -162,7 +169,7 @@ impl NodeLeases {
         };
         match self.api().create(&PostParams::default(), &lease).await {
             Ok(written) => {
-                self.ours().insert(name.to_string(), written);
+                self.keep(name, written);
                 Ok(())
             }
             Err(e) if is_not_found(&e) => {

@@ -230,7 +230,9 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
 }
 
 /// One reconcile of `nm`, by where it is in its life.
-async fn step(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
+async fn step(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
+    // A live read carries them; the copy is held for the whole round.
+    shared::lean::forget_managed_fields(&mut nm.metadata);
     let has_finalizer = nm.finalizers().iter().any(|f| f == FINALIZER);
     match plan::lifecycle(has_finalizer, nm.metadata.deletion_timestamp.is_some()) {
         Lifecycle::AddFinalizer => {
@@ -325,7 +327,7 @@ async fn patch_metadata(
     let name = nm.name_any();
     let based_on = nm.metadata.resource_version.clone();
     fields["resourceVersion"] = json!(based_on);
-    let written = ctx
+    let mut written = ctx
         .nms()
         .patch(
             &name,
@@ -338,6 +340,7 @@ async fn patch_metadata(
             name: name.clone(),
             source,
         })?;
+    shared::lean::forget_managed_fields(&mut written.metadata);
     ctx.own_writes.wrote(&name, based_on.as_deref(), &written);
     Ok(written)
 }
@@ -405,6 +408,7 @@ async fn write_status(
             name,
             source,
         })?;
+    shared::lean::forget_managed_fields(&mut nm.metadata);
     ctx.own_writes
         .wrote(&nm.name_any(), based_on.as_deref(), nm);
     if let Some(event) = plan::transition_event(&old, &new) {

@@ -47,6 +47,7 @@ pub fn nodemaintenances(
     let store = writer.as_reader();
     let queue = metrics.queue.clone();
     let stream = watcher(Api::<NodeMaintenance>::all(client), wc)
+        .modify(|nm| shared::lean::forget_managed_fields(&mut nm.metadata))
         .reflect(writer)
         .inspect(move |event| {
             on_nodemaintenance_event(event, &synced, &relisted_tx);

@@ -43,6 +43,14 @@ struct LeanMeta {
     deletion_timestamp: Option<Time>,
 }
 
+/// Drop an object's managedFields before it is kept: no decision reads them,
+/// and on a NodeMaintenance the status writer's entries outweigh the rest of
+/// its metadata. Writing the object back without them (an update or a patch)
+/// leaves the API server's record as it is.
+pub fn forget_managed_fields(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+}
+
 /// Deserialize `metadata` keeping only [`LeanMeta`]'s fields.
 pub fn meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     let m = LeanMeta::deserialize(d)?;
@@ -286,6 +294,25 @@ mod tests {
     use super::*;
     use kube::Resource;
     use serde_json::json;
+
+    #[test]
+    fn a_kept_object_forgets_its_managed_fields_only() {
+        let mut meta: ObjectMeta = serde_json::from_value(json!({
+            "name": "nm-1", "resourceVersion": "9", "finalizers": ["f"],
+            "managedFields": [{"manager": "nmo-controller", "operation": "Update",
+                               "fieldsV1": {"f:status": {"f:phase": {}}}}]
+        }))
+        .expect("metadata");
+        forget_managed_fields(&mut meta);
+        assert!(meta.managed_fields.is_none());
+        assert_eq!(meta.name.as_deref(), Some("nm-1"));
+        assert_eq!(meta.resource_version.as_deref(), Some("9"));
+        assert_eq!(meta.finalizers, Some(vec!["f".to_string()]));
+        // Written back without them: the field is left out, not sent empty
+        // (which the API server would ignore anyway).
+        let sent = serde_json::to_value(&meta).expect("serialize");
+        assert!(sent.get("managedFields").is_none(), "{sent}");
+    }
 
     #[test]
     fn a_node_decodes_to_its_names_labels_and_taints_only() {
