@@ -22,7 +22,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use shared::consts::{ETCD_NAMESPACE, OPENSHIFT_CONFIG_GROUP, OPENSHIFT_CONFIG_VERSION};
-use shared::lean::NodeMeta;
+use shared::lean::{NodeMeta, forget_managed_fields};
 use shared::nodes::is_control_plane;
 use shared::probes::{Gate, Readiness};
 use shared::slots;
@@ -147,7 +147,7 @@ impl Caches {
                 watcher::Config::default().page_size(LIST_PAGE),
             ),
             |nm: &mut NodeMaintenance| {
-                nm.managed_fields_mut().clear();
+                forget_managed_fields(&mut nm.metadata);
                 nm.annotations_mut().clear();
                 // The phase only: it says who holds a maintenance slot.
                 let phase = nm.status.take().and_then(|s| s.phase);
@@ -202,7 +202,7 @@ impl Caches {
                         Api::<PodDisruptionBudget>::namespaced(client.clone(), ETCD_NAMESPACE),
                         watcher::Config::default(),
                     ),
-                    |p: &mut PodDisruptionBudget| p.managed_fields_mut().clear(),
+                    |p: &mut PodDisruptionBudget| forget_managed_fields(&mut p.metadata),
                     &readiness,
                     &metrics,
                 ),
@@ -229,7 +229,7 @@ impl Caches {
 
 /// Keep only what the warnings read: name, namespace, selector, disruptionsAllowed.
 fn slim_pdb(pdb: &mut PodDisruptionBudget) {
-    pdb.managed_fields_mut().clear();
+    forget_managed_fields(&mut pdb.metadata);
     pdb.annotations_mut().clear();
     pdb.labels_mut().clear();
     if let Some(st) = pdb.status.as_mut() {
@@ -240,7 +240,7 @@ fn slim_pdb(pdb: &mut PodDisruptionBudget) {
 
 /// Keep only what the quorum rule reads: labels, node and the Ready condition.
 fn slim_pod(pod: &mut Pod) {
-    pod.managed_fields_mut().clear();
+    forget_managed_fields(&mut pod.metadata);
     pod.annotations_mut().clear();
     let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     pod.spec = Some(PodSpec {
