@@ -180,6 +180,21 @@ fn condition(
     }
 }
 
+/// Add what made the maintenance fail to a True `Failed` condition's
+/// message: `status.lastError` keeps upstream's text ("lease could not be
+/// extended after N attempts"), the condition names the cause as well.
+pub fn add_failure_cause(conditions: &mut [Condition], cause: &str) {
+    if cause.is_empty() {
+        return;
+    }
+    if let Some(c) = conditions
+        .iter_mut()
+        .find(|c| c.type_ == FAILED && c.status == "True")
+    {
+        c.message = format!("{}; last lease error: {cause}", c.message);
+    }
+}
+
 /// Since when condition `type_` holds (its lastTransitionTime while True).
 pub fn true_since(conditions: &[Condition], type_: &str) -> Option<Time> {
     conditions
@@ -420,5 +435,35 @@ mod tests {
             None,
             "a lease wait is no drain blocker"
         );
+    }
+
+    #[test]
+    fn a_lost_lease_names_its_cause_in_the_failed_condition() {
+        let lost = status(
+            MaintenancePhase::Failed,
+            1,
+            "maintenance failed: lease could not be extended after 4 attempts",
+        );
+        let mut c = conditions(&[], &lost, Cause::LeaseLost, false, 0, None, &at(0));
+        add_failure_cause(
+            &mut c,
+            "can't update or invalidate the lease because it is held by different owner: snr",
+        );
+        let failed = c.iter().find(|c| c.type_ == FAILED).expect("Failed");
+        assert_eq!(failed.reason, "LeaseLost");
+        assert_eq!(
+            failed.message,
+            "maintenance failed: lease could not be extended after 4 attempts; last lease error: \
+             can't update or invalidate the lease because it is held by different owner: snr"
+        );
+        // Nothing else carries it; an empty cause adds nothing.
+        assert!(
+            c.iter()
+                .filter(|c| c.type_ != FAILED)
+                .all(|c| !c.message.contains("last lease error"))
+        );
+        let mut again = c.clone();
+        add_failure_cause(&mut again, "");
+        assert_eq!(again, c);
     }
 }

@@ -58,6 +58,11 @@ impl NodeLeases {
         }
     }
 
+    /// The namespace of the node leases (`LEASE_NAMESPACE`).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     fn api(&self) -> Api<Lease> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }

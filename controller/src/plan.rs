@@ -152,8 +152,9 @@ pub enum LeaseStep {
     /// Not now: write this status and try again in [`REQUEUE_BLOCKED`].
     Retry(Status),
     /// Too many failures: give the node back, release the lease, write this
-    /// status (phase Failed) and stop.
-    GiveUp(Status),
+    /// status (phase Failed; lastError upstream's text) and stop. `cause`:
+    /// the last lease error, for the Failed condition's message.
+    GiveUp { status: Status, cause: String },
 }
 
 /// The lease rule of the contract: a foreign lease before draining started
@@ -172,16 +173,20 @@ pub fn after_lease(status: &Status, outcome: LeaseOutcome) -> LeaseStep {
             LeaseStep::Retry(st)
         }
         other => {
-            st.error_on_lease_count += 1;
-            if st.error_on_lease_count > MAX_ALLOWED_ERROR_TO_UPDATE_OWNED_LEASE {
-                let msg = msg_lease_failed(st.error_on_lease_count);
-                return LeaseStep::GiveUp(failed(&st, msg));
-            }
-            st.last_error = match other {
+            st.error_on_lease_count = st.error_on_lease_count.saturating_add(1);
+            let cause = match other {
                 LeaseOutcome::HeldByOther(holder) => msg_lease_held_by_other(&holder),
                 LeaseOutcome::Failed(e) => e,
                 LeaseOutcome::Held => String::new(),
             };
+            if st.error_on_lease_count > MAX_ALLOWED_ERROR_TO_UPDATE_OWNED_LEASE {
+                let msg = msg_lease_failed(st.error_on_lease_count);
+                return LeaseStep::GiveUp {
+                    status: failed(&st, msg),
+                    cause,
+                };
+            }
+            st.last_error = cause;
             LeaseStep::Retry(st)
         }
     }
@@ -550,13 +555,19 @@ mod tests {
                 "above 3: the maintenance fails after 4 attempts",
                 at(50, 3),
                 err(),
-                LeaseStep::GiveUp(failed(&with(at(50, 3), 4, ""), msg_lease_failed(4))),
+                LeaseStep::GiveUp {
+                    status: failed(&with(at(50, 3), 4, ""), msg_lease_failed(4)),
+                    cause: "lease write refused".into(),
+                },
             ),
             (
                 "a foreign lease after draining started can fail it too",
                 at(25, 3),
                 other(),
-                LeaseStep::GiveUp(failed(&with(at(25, 3), 4, ""), msg_lease_failed(4))),
+                LeaseStep::GiveUp {
+                    status: failed(&with(at(25, 3), 4, ""), msg_lease_failed(4)),
+                    cause: msg_lease_held_by_other("snr"),
+                },
             ),
         ];
         for (name, status, outcome, want) in cases {

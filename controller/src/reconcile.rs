@@ -274,9 +274,12 @@ fn status_of(nm: &NodeMaintenance) -> NodeMaintenanceStatus {
 /// Why a status is written, for its conditions: the cause, whether the node
 /// is in maintenance, and whether lastUpdate must move even if nothing else
 /// did (a blocked retry: runbooks watch its freshness).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Why {
     cause: Cause,
+    /// What made the maintenance fail, for the Failed condition's message
+    /// (the last lease error; lastError keeps upstream's text).
+    failure_cause: Option<String>,
     cordoned: bool,
     /// Pods KubeVirt is live-migrating away (named in Drained's message).
     migrating: usize,
@@ -287,6 +290,7 @@ impl Why {
     fn new(cause: Cause, cordoned: bool) -> Why {
         Why {
             cause,
+            failure_cause: None,
             cordoned,
             migrating: 0,
             refresh: false,
@@ -368,6 +372,9 @@ async fn write_status(
         nm.metadata.generation,
         &now,
     );
+    if let Some(cause) = &why.failure_cause {
+        conditions::add_failure_cause(&mut new.conditions, cause);
+    }
     if !plan::needs_write(&old, &new, why.refresh) {
         return Ok(());
     }
@@ -545,9 +552,31 @@ async fn maintain(
     let (outcome, cause) = match ctx.leases.request(node).await {
         Ok(()) => (LeaseOutcome::Held, Cause::Progress),
         Err(LeaseError::HeldByOther(holder)) => {
+            // Counted (a warning) once draining started; before, only waited for.
+            let lease = format!(
+                "{}/{}",
+                ctx.leases.namespace(),
+                shared::consts::lease_name(&node_name)
+            );
+            if status_of(nm).drain_progress > 0 {
+                tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, %lease, %holder,
+                    "lease held by another operator after draining started: counted, retried");
+            } else {
+                tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, %lease, %holder,
+                    "lease held by another operator: waiting for it");
+            }
             (LeaseOutcome::HeldByOther(holder), Cause::LeaseHeldByOther)
         }
-        Err(e) => (LeaseOutcome::Failed(e.to_string()), Cause::LeaseError),
+        Err(e) => {
+            let lease = format!(
+                "{}/{}",
+                ctx.leases.namespace(),
+                shared::consts::lease_name(&node_name)
+            );
+            tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, %lease, error = %e, attempts = status_of(nm).error_on_lease_count.saturating_add(1),
+                "lease error: counted, retried");
+            (LeaseOutcome::Failed(e.to_string()), Cause::LeaseError)
+        }
     };
     let st = match plan::after_lease(&status_of(nm), outcome) {
         LeaseStep::Proceed(st) => st,
@@ -556,12 +585,16 @@ async fn maintain(
             write_status(ctx, nm, st, why).await?;
             return Ok(Some(ctx.blocked_retry));
         }
-        LeaseStep::GiveUp(st) => {
+        LeaseStep::GiveUp { status: st, cause } => {
             tracing::error!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error,
-                "lease lost for good: giving the node back");
+                last_lease_error = %cause, "lease lost for good: giving the node back");
             restore_node(ctx, node).await?;
             ctx.leases.release(&node_name).await?;
-            write_status(ctx, nm, st, Why::new(Cause::LeaseLost, false)).await?;
+            let why = Why {
+                failure_cause: Some(cause),
+                ..Why::new(Cause::LeaseLost, false)
+            };
+            write_status(ctx, nm, st, why).await?;
             return Ok(None);
         }
     };

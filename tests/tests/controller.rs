@@ -320,6 +320,18 @@ async fn lease_lost_for_good_fails_and_restores_the_node() {
         st.last_error,
         "maintenance failed: lease could not be extended after 4 attempts"
     );
+    // The Failed condition keeps upstream's text and names the cause.
+    let failed = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Failed" && c.status == "True")
+        .unwrap_or_else(|| panic!("a True Failed condition: {:?}", st.conditions));
+    assert_eq!(failed.reason, "LeaseLost");
+    assert_eq!(
+        failed.message,
+        "maintenance failed: lease could not be extended after 4 attempts; last lease error: \
+         can't update or invalidate the lease because it is held by different owner: self-node-remediation"
+    );
     let node = env.nodes().get(&target).await.expect("node");
     assert!(!is_cordoned(&node), "node given back");
     assert!(
