@@ -3,24 +3,31 @@ SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 CRD_FILE := manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml
 
-.PHONY: help build test unit-test integration-test lint fmt crds cluster-up cluster-down deploy-local undeploy-local demo bench bench-scale images bundle check-bundle release
+.PHONY: help setup check-setup build test unit-test integration-test lint fmt crds cluster-up cluster-down deploy-local undeploy-local demo bench bench-scale images bundle check-bundle release
 
 help: ## Show the targets and what they do
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build: ## Build every crate (debug)
+setup: ## Install what the other targets need (apt packages, the musl target, clippy/rustfmt) when root; else name them and the one command that installs them
+	@bash tests/setup.sh
+
+check-setup: ## Report each requirement (installs nothing) and check README's list matches tests/setup.sh
+	bash tests/setup.sh --check
+	bash tests/setup.sh --check-readme README.md
+
+build: setup ## Build every crate (debug)
 	cargo build --workspace --all-targets
 
-test: ## Run unit tests, then start the local control plane and run the integration tests
+test: setup ## Run unit tests, then start the local control plane and run the integration tests
 	bash tests/run-tests.sh
 
-unit-test: ## Unit tests only (no cluster needed)
+unit-test: setup ## Unit tests only (no cluster needed)
 	cargo test --workspace --lib --bins
 
-integration-test: cluster-up ## Integration tests against the local control plane
+integration-test: setup cluster-up ## Integration tests against the local control plane
 	bash tests/run-tests.sh --integration-only
 
-lint: ## cargo fmt --check and clippy with -D warnings
+lint: setup ## cargo fmt --check and clippy with -D warnings
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
@@ -31,38 +38,38 @@ crds: ## Regenerate the CRD in manifests/ from the Rust types
 	cargo run -q -p nmo-shared --bin crdgen > $(CRD_FILE)
 	@echo "wrote $(CRD_FILE)"
 
-cluster-up: ## Build (cached) and start the local control plane; kubeconfig in .cluster/kubeconfig
+cluster-up: setup ## Build (cached) and start the local control plane; kubeconfig in .cluster/kubeconfig
 	bash tests/cluster/up.sh
 
 cluster-down: ## Stop every process of the local control plane
 	bash tests/cluster/down.sh
 
-deploy-local: ## Build the images and run webhook + controller from them, with manifests/base's arguments, against the local cluster
+deploy-local: setup ## Build the images and run webhook + controller from them, with manifests/base's arguments, against the local cluster
 	bash tests/deploy/deploy-local.sh
 
 undeploy-local: ## Stop the locally running webhook and controller
 	bash tests/deploy/deploy-local.sh --stop
 
-demo: ## Local cluster + both services + a guided node maintenance
+demo: setup ## Local cluster + both services + a guided node maintenance
 	bash tests/deploy/demo.sh
 
-bench: ## Performance figures: webhook reviews/s and latency, controller drain time and resume after a PDB is deleted, log writers, then bench-scale
+bench: setup ## Performance figures: webhook reviews/s and latency, controller drain time and resume after a PDB is deleted, log writers, then bench-scale
 	bash tests/bench.sh
 	@echo "== log writers: ours against tracing-appender (shared/examples/log_writers.rs)"
 	cargo run --release -q -p nmo-shared --example log_writers -- 200000 3
 	bash tests/bench-scale.sh
 
-bench-scale: ## Both services at 1,000 nodes and 30,000 pods on a plane of their own: memory, reviews/s, 100 maintenances at once, soak (fresh: 25-45 min on 2 cores, most of it the fill; BENCH_SCALE_KEEP=1 keeps the plane for the next run)
+bench-scale: setup ## Both services at 1,000 nodes and 30,000 pods on a plane of their own: memory, reviews/s, 100 maintenances at once, soak (fresh: 25-45 min on 2 cores, most of it the fill; BENCH_SCALE_KEEP=1 keeps the plane for the next run)
 	bash tests/bench-scale.sh
 
-images: ## OCI image archives of both services in target/images/ (static musl binaries, FROM scratch, reproducible, no container daemon)
+images: setup ## OCI image archives of both services in target/images/ (static musl binaries, FROM scratch, reproducible, no container daemon)
 	bash tests/release/images.sh
 
-bundle: ## Regenerate the OLM bundle in bundle/ from manifests/overlays/openshift (commit the result)
+bundle: setup ## Regenerate the OLM bundle in bundle/ from manifests/overlays/openshift (commit the result)
 	bash tests/release/bundle.sh
 
-check-bundle: ## Bundle drift check and Operator Framework validation (operator-verify, built and cached)
+check-bundle: setup ## Bundle drift check and Operator Framework validation (operator-verify, built and cached)
 	bash tests/release/check-bundle.sh
 
-release: ## Release VERSION=x.y.z into dist/: image archives, OLM bundle, install YAMLs pinned by digest, SHA256SUMS
+release: setup ## Release VERSION=x.y.z into dist/: image archives, OLM bundle, install YAMLs pinned by digest, SHA256SUMS
 	bash tests/release/release.sh "$(VERSION)"

@@ -6,6 +6,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 
+echo "== set-up: every requirement met (tests/setup.sh --check), README's list matches it"
+# `make test` ran tests/setup.sh first; a requirement still missing here, or a
+# README list that names other things, means the set-up step is incomplete.
+bash tests/setup.sh --check
+bash tests/setup.sh --check-readme README.md
+
 if [ "${1:-}" != "--integration-only" ]; then
   echo "== unit and crate tests (no cluster)"
   cargo test --workspace --exclude nmo-tests
