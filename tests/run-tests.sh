@@ -38,6 +38,24 @@ if [ "$(cat "$digests")" != "$first" ]; then
 fi
 echo "images reproducible: $(awk '{print $1 "@" $3}' "$digests" | tr '\n' ' ')"
 
+echo "== services that make demo / make deploy-local left on this plane"
+# Their webhook would judge and their controller reconcile the tests' objects
+# (and hold the leader election Lease the tests hold themselves): stopped
+# here (make undeploy-local); make demo or make deploy-local starts them again.
+K() { "$root/.cluster/bin/kubectl" --kubeconfig "$root/.cluster/kubeconfig" "$@"; }
+if compgen -G "$root/.cluster/pids/webhook.pid" >/dev/null || compgen -G "$root/.cluster/pids/controller.pid" >/dev/null ||
+  K get validatingwebhookconfiguration nmo-webhook >/dev/null 2>&1; then
+  echo "found: stopping them (make undeploy-local) before the integration tests; make demo starts them again"
+  bash tests/deploy/deploy-local.sh --stop
+else
+  echo "none"
+fi
+# What the tests leave is swept away at the end (tests/cluster/sweep.sh):
+# the NodeMaintenances here now are left as they are.
+before_nms="$(mktemp)"
+trap 'rm -f "$before_nms"' EXIT
+bash tests/cluster/sweep.sh --record "$before_nms"
+
 echo "== integration tests against the local control plane"
 # Each service runs as its manifest's Deployment, out of its unpacked image
 # (tests/src/deployment.rs). NMO_TEST_BINARIES=cargo runs cargo's debug
@@ -66,4 +84,8 @@ echo "== restart tests: kube-apiserver and etcd SIGKILLed and started again unde
 # #[ignore]d (the run above skips them) and run here: last, after the RBAC
 # audit has judged the suite's requests, alone and one at a time.
 cargo test -p nmo-tests --test restarts -- --ignored --test-threads=1 || rc=$?
+
+echo "== cleanup: what the tests left on the plane (tests/cluster/sweep.sh)"
+# The plane keeps running for the next run (make cluster-down stops it).
+bash tests/cluster/sweep.sh "$before_nms" || rc=$?
 exit "$rc"
