@@ -126,6 +126,9 @@ pub enum Reason {
     QuorumNoPdb,
     QuorumSeveralPdbs,
     NodeNameImmutable,
+    /// A field of ours (beyond upstream) that the controller could not act
+    /// on, e.g. a `spec.drainTimeout` past Go's ~292 years.
+    InvalidSpec,
     /// A cache could not answer; the client should retry.
     LookupUnavailable,
     /// The review or its objects could not be read.
@@ -149,6 +152,7 @@ impl Reason {
             Reason::QuorumNoPdb => "quorum_no_pdb",
             Reason::QuorumSeveralPdbs => "quorum_several_pdbs",
             Reason::NodeNameImmutable => "node_name_immutable",
+            Reason::InvalidSpec => "invalid_spec",
             Reason::LookupUnavailable => "lookup_unavailable",
             Reason::Malformed => "malformed",
             Reason::UnexpectedResource => "unexpected_resource",
@@ -293,7 +297,32 @@ pub(crate) fn decode_object(
     })
 }
 
+/// The fields beyond upstream's spec, checked with the parser the
+/// controller uses, so nothing is admitted that the controller cannot read.
+/// `old`: on an UPDATE, the object before it; a field it does not change is
+/// not judged again (a finalizer removal must pass whatever was admitted).
+fn check_spec(nm: &NodeMaintenance, old: Option<&NodeMaintenance>) -> Option<Decision> {
+    let timeout = nm.spec.drain_timeout.as_deref()?;
+    if old.is_some_and(|o| o.spec.drain_timeout.as_deref() == Some(timeout)) {
+        return None;
+    }
+    let err = shared::duration::parse(timeout).err()?;
+    Some(Decision::deny(
+        Reason::InvalidSpec,
+        format!("spec.drainTimeout: {err}"),
+    ))
+}
+
 fn validate_create(nm: &NodeMaintenance, lookups: &dyn Lookups) -> Decision {
+    let decision = validate_create_upstream(nm, lookups);
+    if !decision.allowed {
+        return decision;
+    }
+    check_spec(nm, None).unwrap_or(decision)
+}
+
+/// Upstream's CREATE rules, in upstream's order.
+fn validate_create_upstream(nm: &NodeMaintenance, lookups: &dyn Lookups) -> Decision {
     let node = nm.spec.node_name.as_str();
 
     let facts = match lookups.node(node) {
@@ -358,7 +387,7 @@ fn validate_update(new: &NodeMaintenance, old: &NodeMaintenance) -> Decision {
             MSG_NODE_NAME_IMMUTABLE.to_string(),
         );
     }
-    Decision::allow(Reason::NodeNameUnchanged)
+    check_spec(new, Some(old)).unwrap_or(Decision::allow(Reason::NodeNameUnchanged))
 }
 
 /// Upstream's wording for a failed lookup: what could not be checked, "please
@@ -471,6 +500,59 @@ mod tests {
         });
         let req = decode(body.to_string().as_bytes()).expect("valid review");
         decide(&req, &Fake::cluster())
+    }
+
+    /// A review of `op` whose object's spec is `spec` (and oldObject's `old`).
+    fn review_with_spec(
+        op: &str,
+        spec: serde_json::Value,
+        old: Option<serde_json::Value>,
+    ) -> Decision {
+        let body = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "uid-3", "name": "nm-1", "operation": op,
+                "kind": {"group": GROUP, "version": "v1beta1", "kind": KIND},
+                "userInfo": {"username": "alice"},
+                "object": {"metadata": {"name": "nm-1"}, "spec": spec},
+                "oldObject": old.map(|o| serde_json::json!({"metadata": {"name": "nm-1"}, "spec": o})),
+            }
+        });
+        let req = decode(body.to_string().as_bytes()).expect("valid review");
+        decide(&req, &Fake::cluster())
+    }
+
+    #[test]
+    fn a_drain_timeout_past_gos_limit_is_denied_naming_field_and_limit() {
+        let spec =
+            serde_json::json!({"nodeName": "worker-1", "drainTimeout": "9999999999999999999h"});
+        let d = review_with_spec("CREATE", spec.clone(), None);
+        assert_denied(
+            &d,
+            Reason::InvalidSpec,
+            "spec.drainTimeout: invalid duration \"9999999999999999999h\": out of range: at most \
+             2562047h47m16.854775807s (about 292 years); write it as Go does, e.g. 90s, 1h30m, \
+             250ms",
+        );
+        // Upstream's rules come first: an unknown node is still "no node".
+        let unknown =
+            serde_json::json!({"nodeName": "nope", "drainTimeout": "9999999999999999999h"});
+        assert_eq!(
+            review_with_spec("CREATE", unknown, None).reason,
+            Reason::NodeNotFound
+        );
+        // Setting it on an UPDATE is denied too...
+        let before = serde_json::json!({"nodeName": "worker-1"});
+        let d = review_with_spec("UPDATE", spec.clone(), Some(before));
+        assert_eq!(d.reason, Reason::InvalidSpec, "{d:?}");
+        // ...but an UPDATE that leaves an admitted value alone (a finalizer
+        // removal) passes whatever it is.
+        let d = review_with_spec("UPDATE", spec.clone(), Some(spec));
+        assert_allowed(&d, Reason::NodeNameUnchanged);
+        // The longest Go duration is fine.
+        let longest =
+            serde_json::json!({"nodeName": "worker-1", "drainTimeout": "2562047h47m16.854775807s"});
+        assert_allowed(&review_with_spec("CREATE", longest, None), Reason::Valid);
     }
 
     fn assert_denied(d: &Decision, reason: Reason, message: &str) {
