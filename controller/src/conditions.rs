@@ -44,6 +44,8 @@ pub enum Cause {
     DuplicateMaintenance,
     /// Failed for good: spec.drainTimeout passed (drainTimeoutAction Fail).
     DrainTimeout,
+    /// Failed for good: the controller panicked on this maintenance (a bug).
+    InternalError,
 }
 
 impl Cause {
@@ -59,6 +61,7 @@ impl Cause {
             Cause::LeaseLost => "LeaseLost",
             Cause::DuplicateMaintenance => "DuplicateMaintenance",
             Cause::DrainTimeout => "DrainTimeout",
+            Cause::InternalError => "InternalError",
         }
     }
 

@@ -112,6 +112,23 @@ pub fn node_missing(status: &Status, node: &str) -> Status {
     failed(status, msg_node_missing(node))
 }
 
+/// lastError after a panic in the reconcile of `name` (a bug of ours).
+/// `deleting`: the panic was in the cleanup of a deleted maintenance, which
+/// is retried; otherwise the maintenance is stopped and its node given back.
+pub fn msg_internal_error(name: &str, panic: &str, deleting: bool) -> String {
+    let then = if deleting {
+        "its cleanup is retried; if it keeps failing, give the node back by hand \
+         (docs/troubleshooting.md, emergency cleanup)"
+    } else {
+        "the maintenance is stopped and its node given back; delete and recreate the \
+         NodeMaintenance to try again"
+    };
+    format!(
+        "internal error: the controller panicked reconciling NodeMaintenance {name} ({panic}); \
+         {then}; please report this bug with the controller's log"
+    )
+}
+
 /// `status` with phase Failed and `message` as lastError, the rest kept.
 pub fn failed(status: &Status, message: String) -> Status {
     let mut st = status.clone();

@@ -4,6 +4,8 @@
 //! events) are pure functions in plan.rs.
 
 use std::sync::Arc;
+
+use futures::FutureExt as _;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -72,6 +74,10 @@ pub enum Error {
         "reconcile took longer than {0:?} (the API server is slow or a request hung); retrying"
     )]
     Timeout(Duration),
+    /// A bug: the reconcile panicked. Recorded on the object (see
+    /// [`record_panic`]); the process and the other maintenances go on.
+    #[error("{0}")]
+    Panicked(String),
 }
 
 impl Error {
@@ -95,6 +101,7 @@ impl Error {
             Error::Pods(_) => "pods",
             Error::Lease(_) => "lease",
             Error::Timeout(_) => "timeout",
+            Error::Panicked(_) => "panic",
         }
     }
 }
@@ -170,7 +177,9 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
     // hung request must not hold this NodeMaintenance for minutes. Every step
     // is idempotent and every write is version-checked, so cutting a
     // reconcile short and retrying is safe.
-    let bounded = tokio::time::timeout(RECONCILE_TIMEOUT, async {
+    // A panic (a bug) is caught here: kube-runtime would re-raise it and end
+    // the process, and a restarted one would meet the same object again.
+    let guarded = std::panic::AssertUnwindSafe(async {
         // Never act on a cached copy older than our own last write.
         let current = match ctx
             .own_writes
@@ -211,14 +220,26 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
             other => other,
         }
     })
-    .await;
-    let result = bounded.unwrap_or(Err(Error::Timeout(RECONCILE_TIMEOUT)));
+    .catch_unwind();
+    let result = match tokio::time::timeout(RECONCILE_TIMEOUT, guarded).await {
+        Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
+        Ok(Ok(result)) => result,
+        Ok(Err(payload)) => {
+            let deleting = nm.metadata.deletion_timestamp.is_some();
+            let text = plan::msg_internal_error(&name, &panic_message(payload.as_ref()), deleting);
+            tracing::error!(nodemaintenance = %name, node = %nm.spec.node_name, error = %text,
+                "reconcile panicked: recording it on the object");
+            record_panic(&ctx, &nm, &text).await;
+            Err(Error::Panicked(text))
+        }
+    };
     if !matches!(&result, Err(e) if e.is_conflict()) {
         ctx.conflicts.clear(&name);
     }
     let seconds = timer.finish(match &result {
         Ok(None) => ReconcileResult::Success,
         Ok(Some(after)) => ReconcileResult::RequeueAfter(*after),
+        Err(Error::Panicked(_)) => ReconcileResult::Panic,
         Err(_) => ReconcileResult::Error,
     });
     tracing::debug!(
@@ -229,8 +250,82 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
     result.map(|next| next.map_or_else(Action::await_change, Action::requeue))
 }
 
+/// The text of a panic's payload (`panic!` with a message gives a `&str`
+/// or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+/// After a panic: a maintenance that is not being deleted fails for good
+/// (phase Failed, lastError, the Failed condition with reason InternalError,
+/// FailedMaintenance), its node given back and its lease released, as any
+/// other final failure; one being deleted keeps retrying its cleanup, with
+/// lastError and a Warning event saying why. Best effort: a failure or
+/// panic here is only logged.
+async fn record_panic(ctx: &Ctx, nm: &NodeMaintenance, text: &str) {
+    let record = std::panic::AssertUnwindSafe(async {
+        let name = nm.name_any();
+        let mut live = match ctx.nms().get_opt(&name).await {
+            Ok(Some(live)) => live,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(nodemaintenance = %name, error = %e, "could not read it to record the panic");
+                return;
+            }
+        };
+        let status = status_of(&live);
+        if live.metadata.deletion_timestamp.is_some() {
+            ctx.events.warn(&live, EVENT_RECONCILE_PANICKED, text).await;
+            let mut st = status.clone();
+            st.last_error = text.to_string();
+            let why = Why::new(Cause::InternalError, false);
+            if let Err(e) = write_status(ctx, &mut live, st, why).await {
+                tracing::warn!(nodemaintenance = %name, error = %e, "could not record the panic");
+            }
+            return;
+        }
+        if status.phase == Some(shared::MaintenancePhase::Failed) {
+            return;
+        }
+        let node_name = live.spec.node_name.clone();
+        if plan::touched_node(status.phase.as_ref()) {
+            match ctx.nodes().get_opt(&node_name).await {
+                Ok(Some(node)) => {
+                    if let Err(e) = restore_node(ctx, &node).await {
+                        tracing::warn!(nodemaintenance = %name, node = %node_name, error = %e, "could not give the node back after the panic");
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(nodemaintenance = %name, node = %node_name, error = %e, "could not read the node to give it back after the panic");
+                }
+            }
+            if let Err(e) = ctx.leases.release(&node_name).await {
+                tracing::warn!(nodemaintenance = %name, node = %node_name, error = %e, "could not release the lease after the panic");
+            }
+        }
+        let st = plan::failed(&status, text.to_string());
+        if let Err(e) = write_status(ctx, &mut live, st, Why::new(Cause::InternalError, false)).await {
+            tracing::warn!(nodemaintenance = %name, error = %e, "could not record the panic");
+        }
+    })
+    .catch_unwind();
+    if record.await.is_err() {
+        tracing::error!(nodemaintenance = %nm.name_any(), "recording the panic panicked as well");
+    }
+}
+
 /// One reconcile of `nm`, by where it is in its life.
 async fn step(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
+    // The panic of the unit test `a_panic_is_recorded_and_the_controller_goes_on`.
+    #[cfg(test)]
+    if nm.spec.reason == tests::PANIC_REASON {
+        panic!("injected by the test");
+    }
     // A live read carries them; the copy is held for the whole round.
     shared::lean::forget_managed_fields(&mut nm.metadata);
     let has_finalizer = nm.finalizers().iter().any(|f| f == FINALIZER);
@@ -308,6 +403,8 @@ impl Why {
 const EVENT_DRAIN_BLOCKED: &str = "DrainBlocked";
 /// PodForceDeleted (Warning): a pod deleted without eviction (drainTimeoutAction: Force).
 const EVENT_POD_FORCE_DELETED: &str = "PodForceDeleted";
+/// ReconcilePanicked (Warning): the cleanup of a deleted maintenance panicked (a bug).
+const EVENT_RECONCILE_PANICKED: &str = "ReconcilePanicked";
 
 /// Write the finalizer list, checked against the version we read.
 async fn set_finalizers(
@@ -884,4 +981,142 @@ async fn cleanup(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
     }
     ctx.events.on(&nm, EVENT_REMOVED_MAINTENANCE).await;
     Ok(None)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    /// `spec.reason` that makes `step` panic (test builds only).
+    pub const PANIC_REASON: &str = "nmo-test: panic in step";
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    /// A context whose client is the mock's; leader election off (leading).
+    async fn mock_ctx() -> (Arc<Ctx>, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let cfg = <crate::config::Config as clap::Parser>::parse_from(["nmo-controller"]);
+        let metrics = Metrics::new().expect("metrics");
+        let (leadership, _) = Leadership::start(client.clone(), &cfg, &metrics)
+            .await
+            .expect("leading without an election");
+        let (store, _writer) = kube::runtime::reflector::store();
+        let ctx = Ctx::new(&cfg, (client.clone(), client), store, metrics, &leadership);
+        (Arc::new(ctx), handle)
+    }
+
+    fn nm(reason: &str) -> NodeMaintenance {
+        serde_json::from_value(json!({
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1", "kind": "NodeMaintenance",
+            "metadata": {"name": "nm-1", "uid": "u-1", "resourceVersion": "7",
+                "finalizers": [FINALIZER]},
+            "spec": {"nodeName": "worker-1", "reason": reason}
+        }))
+        .expect("NodeMaintenance JSON")
+    }
+
+    fn ok(body: Value) -> Response<Body> {
+        Response::builder()
+            .status(200)
+            .body(Body::from(body.to_string().into_bytes()))
+            .expect("response")
+    }
+
+    /// Answer every request as an API server holding `nm` would, recording
+    /// (method, path, body) of each.
+    fn serve(
+        mut handle: Handle,
+        nm: NodeMaintenance,
+    ) -> tokio::task::JoinHandle<Vec<(String, String, Value)>> {
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut current = serde_json::to_value(&nm).expect("nm JSON");
+            while let Some((req, reply)) = handle.next_request().await {
+                let (parts, body) = req.into_parts();
+                let bytes = body.collect_bytes().await.expect("request body");
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let path = parts.uri.path().to_string();
+                let answer = if path.ends_with("/status") {
+                    json_patch::merge(&mut current, &body);
+                    current["metadata"]["resourceVersion"] = json!("8");
+                    current.clone()
+                } else if parts.method == http::Method::GET {
+                    current.clone()
+                } else {
+                    body.clone()
+                };
+                seen.push((parts.method.to_string(), path, body));
+                reply.send_response(ok(answer));
+            }
+            seen
+        })
+    }
+
+    #[tokio::test]
+    async fn a_panic_is_recorded_and_the_controller_goes_on() {
+        let (ctx, handle) = mock_ctx().await;
+        let obj = nm(PANIC_REASON);
+        let api = serve(handle, obj.clone());
+        let result = reconcile(Arc::new(obj), ctx.clone()).await;
+        let Err(Error::Panicked(text)) = &result else {
+            panic!("a panic comes back as Error::Panicked: {result:?}");
+        };
+        assert!(text.contains("injected by the test"), "{text}");
+        // error_policy handles it like any error: retry later, no exit.
+        let _ = error_policy(
+            Arc::new(nm(PANIC_REASON)),
+            result.as_ref().expect_err("err"),
+            ctx.clone(),
+        );
+        let mut metrics = String::new();
+        prometheus::TextEncoder::new()
+            .encode_utf8(&ctx.metrics.registry.gather(), &mut metrics)
+            .expect("metrics text");
+        assert!(
+            metrics.contains(
+                "controller_runtime_reconcile_panics_total{controller=\"nodemaintenance\"} 1"
+            ),
+            "{metrics}"
+        );
+        drop(ctx);
+        let seen = api.await.expect("mock API");
+        let calls: Vec<(&str, &str)> = seen
+            .iter()
+            .map(|(m, p, _)| (m.as_str(), p.as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                (
+                    "GET",
+                    "/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances/nm-1"
+                ),
+                (
+                    "PATCH",
+                    "/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances/nm-1/status"
+                ),
+                ("POST", "/api/v1/namespaces/default/events"),
+            ],
+            "{seen:#?}"
+        );
+        let status = &seen[1].2["status"];
+        assert_eq!(status["phase"], "Failed", "{status}");
+        assert_eq!(status["lastError"].as_str(), Some(text.as_str()));
+        let failed = status["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Failed"))
+            .unwrap_or_else(|| panic!("a Failed condition: {status}"));
+        assert_eq!(
+            (failed["status"].as_str(), failed["reason"].as_str()),
+            (Some("True"), Some("InternalError"))
+        );
+        let event = &seen[2].2;
+        assert_eq!(
+            (event["type"].as_str(), event["reason"].as_str()),
+            (Some("Warning"), Some("FailedMaintenance"))
+        );
+    }
 }
