@@ -163,3 +163,41 @@ async fn a_deadline_that_is_not_a_go_duration_is_refused() {
     assert!(err.to_string().contains("drainTimeout"), "{err}");
     env.teardown().await;
 }
+
+/// A drainTimeout past Go's ~292 years that reached the controller anyway
+/// (no webhook here, as when it is down or was bypassed): the controller
+/// neither panics nor stops, that maintenance runs with no deadline and
+/// another one goes on beside it. Before the fix the parser panicked and the
+/// controller crash-looped on the object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_deadline_crashes_nothing() {
+    let mut env = Env::new("nm-deadline-huge", 0).await;
+    let bed = &env.bed;
+    let a = bed.node("a", false).await.expect("node a");
+    let b = bed.node("b", false).await.expect("node b");
+    let nm: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+        "kind": "NodeMaintenance",
+        "metadata": {"name": env.n("a"), "labels": {GROUP_KEY: bed.group}},
+        "spec": {"nodeName": a.metadata.name, "drainTimeout": "9999999999999999999h",
+                 "drainTimeoutAction": "Fail"}
+    }))
+    .expect("nm json");
+    env.nms()
+        .create(&PostParams::default(), &nm)
+        .await
+        .expect("the CRD's pattern admits it");
+    env.create_nm(&env.n("b"), b.metadata.name.as_deref().unwrap_or_default())
+        .await;
+    env.wait_phase(&env.n("a"), MaintenancePhase::Succeeded)
+        .await;
+    env.wait_phase(&env.n("b"), MaintenancePhase::Succeeded)
+        .await;
+    let ctrl = env.ctrl.as_mut().expect("controller");
+    assert!(
+        ctrl.proc.child.try_wait().expect("wait status").is_none(),
+        "the controller is still running:\n{}",
+        ctrl.proc.log_tail(30)
+    );
+    env.teardown().await;
+}

@@ -394,6 +394,22 @@ async fn validates_creates_and_updates_through_the_api_server() {
     assert_eq!(updated.spec.reason, "new reason");
     assert_eq!(updated.spec.node_name, worker);
 
+    // A drainTimeout the CRD's pattern admits but Go (and so the controller)
+    // cannot hold: denied, naming the field and the limit (issue 22: it was
+    // admitted, and crash-looped the controller).
+    let mut absurd = nm(&format!("{g}-c"), &cp);
+    absurd.spec.drain_timeout = Some("9999999999999999999h".into());
+    let pp = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let r = outcome(api.create(&pp, &absurd).await);
+    assert!(
+        matches!(&r, Err((403, m)) if m.contains("spec.drainTimeout: invalid duration")
+            && m.contains("at most 2562047h47m16.854775807s")),
+        "absurd drainTimeout: {r:?}"
+    );
+
     // This webhook (not some other one) made those decisions.
     let text = wh.metrics().await;
     for (allowed, reason) in [
@@ -402,6 +418,7 @@ async fn validates_creates_and_updates_through_the_api_server() {
         ("false", "duplicate"),
         ("false", "node_name_immutable"),
         ("true", "node_name_unchanged"),
+        ("false", "invalid_spec"),
     ] {
         let n = metric(
             &text,
