@@ -103,6 +103,23 @@ has "$b" '^  name: medik8s-leases$' "base: Namespace medik8s-leases (home of the
 for r in nmo-controller-node-leases nmo-controller-leader-election nmo-controller-events; do
     [ "$(docs "$b" Role | tr '\0' '\n' | grep -c "^  name: $r\$")" = 1 ] || fail "base: Role $r missing"
 done
+# Forcing pods past their PodDisruptionBudgets is the cluster admin's choice
+# (issue 22): no variant grants delete on pods or turns Force on; only the
+# force-drain component does, rendered here over base.
+for f in "$b" "$cm" "$os"; do
+    while IFS= read -r -d '' d; do
+        # One rule at a time: "- apiGroups:" opens each.
+        rule=$(awk 'BEGIN{RS="\n- apiGroups:"} /\n  - pods\n/ && /\n  - delete(\n|$)/ {print}' <<<"$d")
+        [ -z "$rule" ] || fail "$(basename "$f" .yaml): a ClusterRole grants delete on pods; that belongs in manifests/components/force-drain only:
+$d"
+    done < <(docs "$f" ClusterRole)
+    hasnt "$f" 'ALLOW_FORCE_DRAIN' "$(basename "$f" .yaml): ALLOW_FORCE_DRAIN belongs in manifests/components/force-drain only"
+done
+fd=$out/force-drain.yaml
+$KUBECTL kustomize "$repo/tests/cluster/force-drain" >"$fd" 2>"$fd.err" || { cat "$fd.err" >&2; fail "kubectl kustomize of base with components/force-drain (tests/cluster/force-drain)"; }
+[ "$(grep -c 'name: ALLOW_FORCE_DRAIN$' "$fd")" = 2 ] || fail "components/force-drain: ALLOW_FORCE_DRAIN must be set on both Deployments"
+has "$fd" '^  name: nmo-controller-force-drain$' "components/force-drain: ClusterRole nmo-controller-force-drain missing"
+echo "ok   manifests/components/force-drain over base ($(grep -c '^kind:' "$fd") objects)"
 has "$os" '^  name: nmo-webhook-etcd-quorum$' "openshift: the webhook's Role in openshift-etcd is missing"
 hasnt "$b" '^  namespace: openshift-etcd$' "base: objects in openshift-etcd belong in overlays/openshift (the namespace exists only on OpenShift)"
 for f in "$b" "$cm" "$os"; do

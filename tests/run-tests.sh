@@ -74,7 +74,7 @@ echo "== RBAC audit: what each service did (API server audit log) against what m
 # The tests run controllers in private copies of nmo-system (nmo-system-<test>)
 # holding the manifests' Roles of nmo-system: requests there count for it.
 KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tests --bin rbac-audit -- \
-  --kustomize manifests/base --kustomize manifests/overlays/openshift \
+  --kustomize manifests/base --kustomize manifests/overlays/openshift --kustomize tests/cluster/force-drain \
   --audit-log "${NMO_CLUSTER_DIR:-$root/.cluster}/audit/audit.log" --since "$audit_since" \
   --allow tests/cluster/rbac-audit-allow.yaml \
   --namespace-copy 'nmo-system-*=nmo-system' || rc=$?

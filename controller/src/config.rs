@@ -62,6 +62,16 @@ pub struct Config {
     #[arg(long, env = "BLOCKED_RETRY_INTERVAL", default_value = "5s", value_parser = positive_duration)]
     pub blocked_retry_interval: Duration,
 
+    /// Let a NodeMaintenance with `drainTimeoutAction: Force` delete the pods
+    /// still on its node once its drainTimeout passed (PodDisruptionBudgets
+    /// bypassed). Off (the default): such a maintenance fails at its deadline
+    /// as with Fail, naming this flag. A cluster admin's choice: set by
+    /// manifests/components/force-drain, which also grants delete on pods.
+    #[arg(long, env = "ALLOW_FORCE_DRAIN", default_value = "false", value_parser = go_bool,
+          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub allow_force_drain: bool,
+
     /// A KubeVirt VM being live-migrated off the node (KubeVirt answered the
     /// eviction of its virt-launcher pod with "evacuation") is drain progress,
     /// not a blocker, until the migration has run this long; then lastError

@@ -303,6 +303,12 @@ pub fn deadline(
     }
 }
 
+/// Appended to lastError when a maintenance asked for Force but the
+/// controller runs without `--allow-force-drain`, so it failed as with Fail.
+pub const FORCE_NOT_ALLOWED_NOTE: &str = "; drainTimeoutAction Force is not enabled on this \
+     controller (a cluster admin enables it with manifests/components/force-drain, which sets \
+     ALLOW_FORCE_DRAIN=true and grants delete on pods), so it failed as with Fail";
+
 /// The status of a maintenance whose drain deadline passed with
 /// `drainTimeoutAction: Fail`: Failed, naming what was still on the node.
 pub fn timed_out(status: &Status, timeout: Duration, node: &str) -> Status {

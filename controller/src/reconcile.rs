@@ -127,6 +127,8 @@ pub struct Ctx {
     pub node_cache: NodeCache,
     /// The nodes whose pods' departures are watched (`blockers`).
     pub departures_watched: WatchedNodes,
+    /// `--allow-force-drain`: whether drainTimeoutAction Force may delete pods.
+    pub allow_force_drain: bool,
 }
 
 impl Ctx {
@@ -153,6 +155,7 @@ impl Ctx {
             blocked_retry: cfg.blocked_retry_interval,
             node_cache: NodeCache::default(),
             departures_watched: WatchedNodes::default(),
+            allow_force_drain: cfg.allow_force_drain,
         }
     }
 
@@ -632,11 +635,14 @@ async fn maintain(
     // The optional drain deadline (beyond upstream), counted from the cordon,
     // only while draining; judged before anything touches the node, on the
     // node as read, so giving it back undoes exactly what is there.
-    let deadline = drain_deadline(nm);
+    let deadline = drain_deadline(nm, ctx.allow_force_drain);
     if let (plan::Deadline::Passed(DrainTimeoutAction::Fail), Some(t)) =
         (deadline, drain_timeout(nm))
     {
-        let st = plan::timed_out(&status_of(nm), t, &node_name);
+        let mut st = plan::timed_out(&status_of(nm), t, &node_name);
+        if nm.spec.drain_timeout_action == Some(DrainTimeoutAction::Force) {
+            st.last_error.push_str(plan::FORCE_NOT_ALLOWED_NOTE);
+        }
         tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error,
             "drain deadline passed: giving the node back");
         restore_node(ctx, node).await?;
@@ -736,12 +742,16 @@ async fn maintain(
 
 /// Where a Running maintenance stands against its `spec.drainTimeout`
 /// (counted from the Cordoned condition); anything else is unbounded.
-fn drain_deadline(nm: &NodeMaintenance) -> plan::Deadline {
+/// `allow_force`: `--allow-force-drain`; without it Force acts as Fail.
+fn drain_deadline(nm: &NodeMaintenance, allow_force: bool) -> plan::Deadline {
     let st = status_of(nm);
     if st.phase != Some(shared::MaintenancePhase::Running) {
         return plan::Deadline::Unbounded;
     }
-    let action = nm.spec.drain_timeout_action.unwrap_or_default();
+    let action = match nm.spec.drain_timeout_action.unwrap_or_default() {
+        DrainTimeoutAction::Force if !allow_force => DrainTimeoutAction::Fail,
+        action => action,
+    };
     let since = conditions::true_since(&st.conditions, conditions::CORDONED).map(|t| t.0);
     plan::deadline(drain_timeout(nm), action, since, Timestamp::now())
 }

@@ -28,10 +28,30 @@ pub struct ControllerEnv {
     pub ctrl: Option<Pod>,
     pub kubeconfig: std::path::PathBuf,
     pub max: usize,
+    /// The kustomize directory (under manifests/) whose Deployment runs.
+    pub overlay: &'static str,
 }
+
+/// manifests/base with the force-drain component (`drainTimeoutAction: Force`
+/// allowed, delete on pods granted), as tests/cluster/force-drain renders it.
+pub const FORCE_DRAIN_OVERLAY: &str = "../tests/cluster/force-drain";
 
 impl ControllerEnv {
     pub async fn new(prefix: &str, max: usize) -> ControllerEnv {
+        Self::new_in(prefix, max, "base").await
+    }
+
+    /// A controller from the manifests with the force-drain component, its
+    /// extra grant installed.
+    pub async fn with_force_drain(prefix: &str, max: usize) -> ControllerEnv {
+        let client = crate::admin_client().await.expect("local control plane");
+        crate::manifests::install_prereqs(&client, &["manifests/components/force-drain/rbac.yaml"])
+            .await
+            .expect("the force-drain component's RBAC");
+        Self::new_in(prefix, max, FORCE_DRAIN_OVERLAY).await
+    }
+
+    async fn new_in(prefix: &str, max: usize, overlay: &'static str) -> ControllerEnv {
         let ControllerBed {
             bed,
             operator_ns,
@@ -43,6 +63,7 @@ impl ControllerEnv {
             ctrl: None,
             kubeconfig,
             max,
+            overlay,
         };
         env.start_controller().await;
         env
@@ -60,7 +81,7 @@ impl ControllerEnv {
             "--zap-log-level=debug".to_string(),
         ];
         args.extend_from_slice(extra);
-        let pod = Launch::new("base", "nmo-controller")
+        let pod = Launch::new(self.overlay, "nmo-controller")
             .extra_args(args)
             .kubeconfig(&self.kubeconfig)
             .start(&self.bed.client)

@@ -2,6 +2,8 @@
 //! `drainTimeoutAction` Fail (the node given back) or Force (the pods in the
 //! way deleted without eviction, each named), through the real API server.
 //! Without it a blocked drain waits forever, as upstream (controller.rs).
+//! Force runs only where the cluster admin installed the force-drain
+//! component (manifests/components/force-drain).
 
 use kube::api::{Api, DeleteParams, PostParams};
 use nmo_tests::controller_env::{
@@ -99,7 +101,8 @@ async fn deadline_fail_gives_the_node_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_force_deletes_what_blocks_and_names_it() {
-    let env = Env::new("nm-deadline-force", 1).await;
+    // Force is the cluster admin's to allow: the force-drain component.
+    let env = Env::with_force_drain("nm-deadline-force", 1).await;
     // Blocked pods in two namespaces: "guarded" in the test's, "db" in a second.
     let second = second_namespace(&env).await;
     let target = format!("{}-target", env.bed.group);
@@ -142,6 +145,49 @@ async fn deadline_force_deletes_what_blocks_and_names_it() {
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client())
         .delete(&second, &DeleteParams::default())
         .await;
+    env.teardown().await;
+}
+
+/// With the default manifests (no force-drain component) a maintenance
+/// asking for Force that reaches the controller anyway (no webhook in front)
+/// deletes nothing: at its deadline it fails as with Fail, naming how an
+/// admin enables Force, and the PDB-protected pod stays. Before, the pod
+/// was deleted within seconds by anyone allowed to create a NodeMaintenance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_without_the_admins_component_deletes_nothing() {
+    let env = Env::new("nm-deadline-noforce", 1).await;
+    let target = blocked_with_deadline(&env, "1s", "Force", true).await;
+    let name = env.n("a");
+    let nm = env.wait_phase(&name, MaintenancePhase::Failed).await;
+    let st = nm.status.expect("status");
+    assert!(
+        st.last_error
+            .starts_with("drain did not finish within 1s (spec.drainTimeout)")
+            && st
+                .last_error
+                .contains("drainTimeoutAction Force is not enabled on this controller")
+            && st.last_error.contains("manifests/components/force-drain"),
+        "{}",
+        st.last_error
+    );
+    assert!(st.force_deleted_pods.is_empty(), "{st:?}");
+    let pod = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.client(), &env.bed.namespace)
+        .get_opt("guarded")
+        .await
+        .expect("read the guarded pod")
+        .expect("the PDB-protected pod is still there");
+    assert!(
+        pod.metadata.deletion_timestamp.is_none(),
+        "not being deleted"
+    );
+    assert!(
+        !events_of(&env.client(), &name)
+            .await
+            .iter()
+            .any(|e| e.1 == "PodForceDeleted")
+    );
+    let node = env.nodes().get(&target).await.expect("node");
+    assert!(!is_cordoned(&node), "node given back as with Fail");
     env.teardown().await;
 }
 

@@ -409,6 +409,23 @@ async fn validates_creates_and_updates_through_the_api_server() {
             && m.contains("at most 2562047h47m16.854775807s")),
         "absurd drainTimeout: {r:?}"
     );
+    // Force is the cluster admin's to allow (manifests/components/force-drain):
+    // without it, denied naming how; Fail stays available.
+    let mut force = nm(&format!("{g}-d"), &cp);
+    force.spec.drain_timeout = Some("1s".into());
+    force.spec.drain_timeout_action = Some(shared::DrainTimeoutAction::Force);
+    let r = outcome(api.create(&pp, &force).await);
+    assert!(
+        matches!(&r, Err((403, m)) if m.contains("drainTimeoutAction: Force is not enabled")
+            && m.contains("manifests/components/force-drain")),
+        "Force without the component: {r:?}"
+    );
+    force.spec.drain_timeout_action = Some(shared::DrainTimeoutAction::Fail);
+    assert_eq!(
+        outcome(api.create(&pp, &force).await),
+        Ok(()),
+        "Fail is allowed"
+    );
 
     // This webhook (not some other one) made those decisions.
     let text = wh.metrics().await;
@@ -419,6 +436,7 @@ async fn validates_creates_and_updates_through_the_api_server() {
         ("false", "node_name_immutable"),
         ("true", "node_name_unchanged"),
         ("false", "invalid_spec"),
+        ("false", "force_not_allowed"),
     ] {
         let n = metric(
             &text,

@@ -39,6 +39,15 @@ pub struct Config {
           default_missing_value = "true")]
     pub leader_elect: bool,
 
+    /// Admit `drainTimeoutAction: Force` (pods deleted past their
+    /// PodDisruptionBudgets once drainTimeout passed). Off: such a
+    /// NodeMaintenance is denied, naming how an admin enables it. Set by
+    /// manifests/components/force-drain, with the controller's flag and grant.
+    #[arg(long, env = "ALLOW_FORCE_DRAIN", default_value = "false", value_parser = go_bool,
+          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true")]
+    pub allow_force_drain: bool,
+
     /// Address the TLS admission endpoint binds to (Go style: ":9443" means every interface).
     #[arg(long, env = "WEBHOOK_BIND_ADDRESS", default_value = ":9443")]
     pub webhook_bind_address: String,

@@ -143,6 +143,9 @@ pub async fn run(config: Config) -> Result<(), Error> {
 
     let state = AppState::new(
         caches,
+        server::Policy {
+            allow_force_drain: config.allow_force_drain,
+        },
         metrics,
         Limits {
             max_body_bytes: config.max_body_bytes,

@@ -36,6 +36,8 @@ pub struct Limits {
     pub max_concurrent_reviews: usize,
 }
 
+pub use crate::validate::Policy;
+
 pub use shared::https::ServeOptions;
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +58,7 @@ pub struct AppState(Arc<Inner>);
 
 struct Inner {
     lookups: Arc<dyn Lookups>,
+    policy: Policy,
     metrics: Metrics,
     limits: Limits,
     permits: Semaphore,
@@ -66,7 +69,12 @@ struct Inner {
 }
 
 impl AppState {
-    pub fn new(lookups: Arc<dyn Lookups>, metrics: Metrics, limits: Limits) -> Self {
+    pub fn new(
+        lookups: Arc<dyn Lookups>,
+        policy: Policy,
+        metrics: Metrics,
+        limits: Limits,
+    ) -> Self {
         let latency = metrics.latency_for(WEBHOOK_PATH);
         let in_flight = metrics
             .requests_in_flight
@@ -76,6 +84,7 @@ impl AppState {
             .with_label_values(&["200", WEBHOOK_PATH]);
         AppState(Arc::new(Inner {
             lookups,
+            policy,
             permits: Semaphore::new(limits.max_concurrent_reviews),
             metrics,
             limits,
@@ -265,7 +274,7 @@ async fn answer(st: &Inner, req: Request, start: Instant) -> Answer {
             .into();
         }
     };
-    let decision = decide_confirmed(&request, st.lookups.as_ref()).await;
+    let decision = decide_confirmed(&request, st.lookups.as_ref(), st.policy).await;
     record(
         st,
         request.operation.label(),

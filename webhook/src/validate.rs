@@ -7,11 +7,11 @@
 //! be answered (a cache still filling) the request is denied with "please try
 //! again" and the cause, never guessed.
 
-use shared::NodeMaintenance;
 use shared::consts::{
     GROUP, KIND, MSG_NODE_NAME_IMMUTABLE, msg_duplicate, msg_etcd_quorum, msg_node_not_found,
 };
 use shared::quorum::{GuardPdb, GuardPodReadiness, QuorumVerdict, allows_disruption};
+use shared::{DrainTimeoutAction, NodeMaintenance};
 
 use crate::review::{Operation, ReviewRequest};
 
@@ -26,6 +26,15 @@ pub struct NodeFacts {
 pub struct EtcdGuard {
     pub pdbs: Vec<GuardPdb>,
     pub guard_pod: Option<GuardPodReadiness>,
+}
+
+/// What the cluster's admin allows, from the webhook's flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Policy {
+    /// `--allow-force-drain` (manifests/components/force-drain): whether
+    /// `drainTimeoutAction: Force` may be asked for. Off by default: it
+    /// deletes pods past their PodDisruptionBudgets.
+    pub allow_force_drain: bool,
 }
 
 /// A lookup that cannot be answered right now; the text is the cause.
@@ -83,8 +92,12 @@ impl Lookups for WithNode<'_> {
 }
 
 /// [`decide`], confirming an unknown node against the API server before denying.
-pub async fn decide_confirmed(req: &ReviewRequest, lookups: &dyn Lookups) -> Decision {
-    let decision = decide(req, lookups);
+pub async fn decide_confirmed(
+    req: &ReviewRequest,
+    lookups: &dyn Lookups,
+    policy: Policy,
+) -> Decision {
+    let decision = decide(req, lookups, policy);
     if decision.reason != Reason::NodeNotFound {
         return decision;
     }
@@ -99,6 +112,7 @@ pub async fn decide_confirmed(req: &ReviewRequest, lookups: &dyn Lookups) -> Dec
                 name: &node,
                 facts,
             },
+            policy,
         ),
         None => decision,
     }
@@ -129,6 +143,8 @@ pub enum Reason {
     /// A field of ours (beyond upstream) that the controller could not act
     /// on, e.g. a `spec.drainTimeout` past Go's ~292 years.
     InvalidSpec,
+    /// `drainTimeoutAction: Force` while `--allow-force-drain` is off.
+    ForceNotAllowed,
     /// A cache could not answer; the client should retry.
     LookupUnavailable,
     /// The review or its objects could not be read.
@@ -153,6 +169,7 @@ impl Reason {
             Reason::QuorumSeveralPdbs => "quorum_several_pdbs",
             Reason::NodeNameImmutable => "node_name_immutable",
             Reason::InvalidSpec => "invalid_spec",
+            Reason::ForceNotAllowed => "force_not_allowed",
             Reason::LookupUnavailable => "lookup_unavailable",
             Reason::Malformed => "malformed",
             Reason::UnexpectedResource => "unexpected_resource",
@@ -235,7 +252,7 @@ impl Decision {
 }
 
 /// Decide on one admission request.
-pub fn decide(req: &ReviewRequest, lookups: &dyn Lookups) -> Decision {
+pub fn decide(req: &ReviewRequest, lookups: &dyn Lookups, policy: Policy) -> Decision {
     if req.kind.group != GROUP || req.kind.kind != KIND {
         return Decision::malformed(
             Reason::UnexpectedResource,
@@ -248,14 +265,14 @@ pub fn decide(req: &ReviewRequest, lookups: &dyn Lookups) -> Decision {
     }
     let mut decision = match req.operation {
         Operation::Create => match decode_object(req, "object", req.object.as_deref()) {
-            Ok(nm) => validate_create(&nm, lookups).about(&nm),
+            Ok(nm) => validate_create(&nm, lookups, policy).about(&nm),
             Err(d) => d,
         },
         Operation::Update => {
             let new = decode_object(req, "object", req.object.as_deref());
             let old = decode_object(req, "oldObject", req.old_object.as_deref());
             match (new, old) {
-                (Ok(new), Ok(old)) => validate_update(&new, &old).about(&new),
+                (Ok(new), Ok(old)) => validate_update(&new, &old, policy).about(&new),
                 (Err(d), _) | (_, Err(d)) => d,
             }
         }
@@ -301,7 +318,21 @@ pub(crate) fn decode_object(
 /// controller uses, so nothing is admitted that the controller cannot read.
 /// `old`: on an UPDATE, the object before it; a field it does not change is
 /// not judged again (a finalizer removal must pass whatever was admitted).
-fn check_spec(nm: &NodeMaintenance, old: Option<&NodeMaintenance>) -> Option<Decision> {
+fn check_spec(
+    nm: &NodeMaintenance,
+    old: Option<&NodeMaintenance>,
+    policy: Policy,
+) -> Option<Decision> {
+    let action = nm.spec.drain_timeout_action;
+    if action == Some(DrainTimeoutAction::Force)
+        && !policy.allow_force_drain
+        && old.is_none_or(|o| o.spec.drain_timeout_action != action)
+    {
+        return Some(Decision::deny(
+            Reason::ForceNotAllowed,
+            MSG_FORCE_NOT_ALLOWED.to_string(),
+        ));
+    }
     let timeout = nm.spec.drain_timeout.as_deref()?;
     if old.is_some_and(|o| o.spec.drain_timeout.as_deref() == Some(timeout)) {
         return None;
@@ -313,12 +344,19 @@ fn check_spec(nm: &NodeMaintenance, old: Option<&NodeMaintenance>) -> Option<Dec
     ))
 }
 
-fn validate_create(nm: &NodeMaintenance, lookups: &dyn Lookups) -> Decision {
+/// The denial of `drainTimeoutAction: Force` while `--allow-force-drain` is off.
+pub const MSG_FORCE_NOT_ALLOWED: &str = "spec.drainTimeoutAction: Force is not enabled on this \
+     cluster: it deletes pods past their PodDisruptionBudgets, which only a cluster admin may \
+     allow, by installing the force-drain component (manifests/components/force-drain: it grants \
+     the controller delete on pods and sets ALLOW_FORCE_DRAIN=true on both services); use \
+     drainTimeoutAction: Fail (the default) meanwhile";
+
+fn validate_create(nm: &NodeMaintenance, lookups: &dyn Lookups, policy: Policy) -> Decision {
     let decision = validate_create_upstream(nm, lookups);
     if !decision.allowed {
         return decision;
     }
-    check_spec(nm, None).unwrap_or(decision)
+    check_spec(nm, None, policy).unwrap_or(decision)
 }
 
 /// Upstream's CREATE rules, in upstream's order.
@@ -380,14 +418,14 @@ fn validate_create_upstream(nm: &NodeMaintenance, lookups: &dyn Lookups) -> Deci
     }
 }
 
-fn validate_update(new: &NodeMaintenance, old: &NodeMaintenance) -> Decision {
+fn validate_update(new: &NodeMaintenance, old: &NodeMaintenance, policy: Policy) -> Decision {
     if new.spec.node_name != old.spec.node_name {
         return Decision::deny(
             Reason::NodeNameImmutable,
             MSG_NODE_NAME_IMMUTABLE.to_string(),
         );
     }
-    check_spec(new, Some(old)).unwrap_or(Decision::allow(Reason::NodeNameUnchanged))
+    check_spec(new, Some(old), policy).unwrap_or(Decision::allow(Reason::NodeNameUnchanged))
 }
 
 /// Upstream's wording for a failed lookup: what could not be checked, "please
@@ -484,7 +522,7 @@ mod tests {
 
     fn create(node: &str, lookups: &dyn Lookups) -> Decision {
         let req = decode(create_review("uid-1", "nm-1", node).as_bytes()).expect("valid review");
-        decide(&req, lookups)
+        decide(&req, lookups, Policy::default())
     }
 
     fn update(old_node: &str, new_node: &str, new_reason: &str) -> Decision {
@@ -499,11 +537,20 @@ mod tests {
             }
         });
         let req = decode(body.to_string().as_bytes()).expect("valid review");
-        decide(&req, &Fake::cluster())
+        decide(&req, &Fake::cluster(), Policy::default())
     }
 
     /// A review of `op` whose object's spec is `spec` (and oldObject's `old`).
     fn review_with_spec(
+        op: &str,
+        spec: serde_json::Value,
+        old: Option<serde_json::Value>,
+    ) -> Decision {
+        review_under(Policy::default(), op, spec, old)
+    }
+
+    fn review_under(
+        policy: Policy,
         op: &str,
         spec: serde_json::Value,
         old: Option<serde_json::Value>,
@@ -519,7 +566,7 @@ mod tests {
             }
         });
         let req = decode(body.to_string().as_bytes()).expect("valid review");
-        decide(&req, &Fake::cluster())
+        decide(&req, &Fake::cluster(), policy)
     }
 
     #[test]
@@ -553,6 +600,32 @@ mod tests {
         let longest =
             serde_json::json!({"nodeName": "worker-1", "drainTimeout": "2562047h47m16.854775807s"});
         assert_allowed(&review_with_spec("CREATE", longest, None), Reason::Valid);
+    }
+
+    #[test]
+    fn force_is_the_admins_to_allow() {
+        let force = serde_json::json!({"nodeName": "worker-1", "drainTimeout": "1s",
+            "drainTimeoutAction": "Force"});
+        let off = review_with_spec("CREATE", force.clone(), None);
+        assert_denied(&off, Reason::ForceNotAllowed, MSG_FORCE_NOT_ALLOWED);
+        // Fail (and no action at all) stays available.
+        let fail = serde_json::json!({"nodeName": "worker-1", "drainTimeout": "1s",
+            "drainTimeoutAction": "Fail"});
+        assert_allowed(
+            &review_with_spec("CREATE", fail.clone(), None),
+            Reason::Valid,
+        );
+        // Switching an existing maintenance to Force is denied too; an update
+        // that leaves an admitted Force alone (a finalizer removal) is not.
+        let d = review_with_spec("UPDATE", force.clone(), Some(fail));
+        assert_eq!(d.reason, Reason::ForceNotAllowed, "{d:?}");
+        let d = review_with_spec("UPDATE", force.clone(), Some(force.clone()));
+        assert_allowed(&d, Reason::NodeNameUnchanged);
+        // With the component installed (--allow-force-drain), Force passes.
+        let on = Policy {
+            allow_force_drain: true,
+        };
+        assert_allowed(&review_under(on, "CREATE", force, None), Reason::Valid);
     }
 
     fn assert_denied(d: &Decision, reason: Reason, message: &str) {
@@ -624,7 +697,7 @@ mod tests {
 
     fn create_confirmed(node: &str, lookups: &dyn Lookups) -> Decision {
         let req = decode(create_review("uid-1", "nm-1", node).as_bytes()).expect("valid review");
-        futures::executor::block_on(decide_confirmed(&req, lookups))
+        futures::executor::block_on(decide_confirmed(&req, lookups, Policy::default()))
     }
 
     #[test]
@@ -787,6 +860,7 @@ mod tests {
         decide(
             &decode(body.to_string().as_bytes()).expect("valid"),
             &Fake::cluster(),
+            Policy::default(),
         )
     }
 

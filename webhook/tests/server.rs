@@ -121,7 +121,12 @@ async fn start_with(limits: Limits, enable_http2: bool) -> Running {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let state = AppState::new(Arc::new(FakeCluster), metrics.clone(), limits);
+    let state = AppState::new(
+        Arc::new(FakeCluster),
+        Default::default(),
+        metrics.clone(),
+        limits,
+    );
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(server::serve(
         listener,
