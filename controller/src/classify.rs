@@ -95,12 +95,16 @@ pub fn classify(pod: &Pod, daemonset_exists: impl FnOnce(&str) -> bool) -> PodAc
 
 /// `drainProgress` as upstream computes it: the share of the pods that had to
 /// leave which are gone, in whole percent, clamped to 0..=100 (pods that
-/// appear on a cordoned node later must not make it negative).
+/// appear on a cordoned node later must not make it negative). In i128:
+/// `evictionPods` is any i64 a user with `/status` access writes, and
+/// `(evictionPods - pending) * 100` overflows i64 past `i64::MAX / 100`.
 pub fn drain_progress(eviction_pods: i64, pending: i64) -> i64 {
     if eviction_pods <= 0 {
         return if pending == 0 { 100 } else { 0 };
     }
-    ((eviction_pods - pending) * 100 / eviction_pods).clamp(0, 100)
+    let (evictions, pending) = (i128::from(eviction_pods), i128::from(pending));
+    let percent = ((evictions - pending) * 100 / evictions).clamp(0, 100);
+    i64::try_from(percent).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -249,5 +253,20 @@ pub(crate) mod tests {
         assert_eq!(drain_progress(0, 0), 100);
         assert_eq!(drain_progress(2, 5), 0, "never negative");
         assert_eq!(drain_progress(0, 1), 0);
+    }
+
+    /// Found by tests/no_panic.rs: a hand-written `evictionPods` past
+    /// `i64::MAX / 100` with a pod left overflowed `* 100` (a panic in debug
+    /// builds, a wrapped percentage in release), and so can
+    /// `evictionPods - pending` for a very negative `pending`.
+    #[test]
+    fn progress_of_hand_written_huge_counts() {
+        assert_eq!(drain_progress(92_233_720_368_547_761, 1), 99);
+        assert_eq!(drain_progress(i64::MAX, 0), 100);
+        assert_eq!(drain_progress(i64::MAX, i64::MAX), 0);
+        assert_eq!(drain_progress(i64::MAX / 2, i64::MAX), 0);
+        assert_eq!(drain_progress(92_233_720_368_547_758, -1), 100);
+        assert_eq!(drain_progress(1, i64::MIN), 100);
+        assert_eq!(drain_progress(i64::MAX, i64::MIN), 100);
     }
 }
