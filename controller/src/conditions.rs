@@ -8,7 +8,8 @@
 //! - `Cordoned`: the node is cordoned, tainted and excluded from remediation.
 //! - `Drained`: every pod that had to leave has left.
 //! - `Blocked`: the drain cannot go on now; the message names every pod in
-//!   the way and why (PDB, eviction webhook denial), or the lease holder.
+//!   the way and why (PDB, eviction webhook denial), the lease holder, or
+//!   the admission policy or webhook refusing the controller's node patch.
 //! - `Failed`: the maintenance failed for good (node missing, lease lost,
 //!   another maintenance owns the node).
 
@@ -36,6 +37,10 @@ pub enum Cause {
     LeaseError,
     /// A request failed; retried.
     ReconcileError,
+    /// The API server refused the controller's node patch (an admission
+    /// policy or webhook, or the node's validation); retried. `lastError`
+    /// carries the API server's words.
+    NodeUpdateRefused,
     /// Failed for good: the node does not exist.
     NodeNotFound,
     /// Failed for good: the lease could not be kept.
@@ -57,6 +62,7 @@ impl Cause {
             Cause::LeaseHeldByOther => "LeaseHeldByOther",
             Cause::LeaseError => "LeaseError",
             Cause::ReconcileError => "ReconcileError",
+            Cause::NodeUpdateRefused => "NodeUpdateRefused",
             Cause::NodeNotFound => "NodeNotFound",
             Cause::LeaseLost => "LeaseLost",
             Cause::DuplicateMaintenance => "DuplicateMaintenance",
@@ -72,6 +78,7 @@ impl Cause {
                 | Cause::LeaseHeldByOther
                 | Cause::LeaseError
                 | Cause::ReconcileError
+                | Cause::NodeUpdateRefused
         )
     }
 }
@@ -217,9 +224,16 @@ pub fn blocked_message(conditions: &[Condition]) -> Option<&str> {
 /// Whether a `DrainBlocked` warning is due: the drain is blocked now and the
 /// blockers differ from the last write's (not on every retry).
 pub fn drain_blocked_news<'a>(old: &[Condition], new: &'a [Condition]) -> Option<&'a str> {
+    blocked_news(old, new, Cause::EvictionBlocked)
+}
+
+/// Whether a warning about `cause` is due: the maintenance is blocked by it
+/// now and the Blocked message differs from the last write's (one event
+/// when what blocks changes, not on every retry).
+pub fn blocked_news<'a>(old: &[Condition], new: &'a [Condition], cause: Cause) -> Option<&'a str> {
     let now = new
         .iter()
-        .find(|c| c.type_ == BLOCKED && c.status == "True" && c.reason == "EvictionBlocked")?;
+        .find(|c| c.type_ == BLOCKED && c.status == "True" && c.reason == cause.as_str())?;
     (blocked_message(old) != Some(now.message.as_str())).then_some(now.message.as_str())
 }
 
@@ -437,6 +451,55 @@ mod tests {
             drain_blocked_news(&[], &lease),
             None,
             "a lease wait is no drain blocker"
+        );
+    }
+
+    #[test]
+    fn a_refused_node_update_blocks_and_is_news_once_per_refusal() {
+        let st = |e: &str| status(MaintenancePhase::Running, 2, e);
+        let refused = "policy says no";
+        let c1 = conditions(
+            &[],
+            &st(refused),
+            Cause::NodeUpdateRefused,
+            false,
+            0,
+            None,
+            &at(0),
+        );
+        assert_eq!(true_reasons(&c1), vec!["NodeUpdateRefused"]);
+        assert_eq!(blocked_message(&c1), Some(refused));
+        assert_eq!(
+            blocked_news(&[], &c1, Cause::NodeUpdateRefused),
+            Some(refused)
+        );
+        assert_eq!(drain_blocked_news(&[], &c1), None, "no drain blocker");
+        let c2 = conditions(
+            &c1,
+            &st(refused),
+            Cause::NodeUpdateRefused,
+            false,
+            0,
+            None,
+            &at(5),
+        );
+        assert_eq!(
+            blocked_news(&c1, &c2, Cause::NodeUpdateRefused),
+            None,
+            "a retry"
+        );
+        let c3 = conditions(
+            &c2,
+            &st("another policy says no"),
+            Cause::NodeUpdateRefused,
+            false,
+            0,
+            None,
+            &at(9),
+        );
+        assert_eq!(
+            blocked_news(&c2, &c3, Cause::NodeUpdateRefused),
+            Some("another policy says no")
         );
     }
 

@@ -59,6 +59,23 @@ pub enum Error {
         "node {node} changed while we patched it (someone updated its taints at the same time); retrying with a fresh copy"
     )]
     NodeChanged { node: String },
+    /// The API server refused the node patch itself (not a conflict): a
+    /// ValidatingAdmissionPolicy, an admission webhook or the node's
+    /// validation. Reported on the object (lastError, Blocked, a Warning
+    /// event) and retried.
+    #[error(
+        "the API server refused the controller's patch of node {node} ({action}): {message}; \
+         an admission policy or webhook refusing updates of this node is the usual cause: \
+         let the controller's node patches through (the controller retries until one is accepted)"
+    )]
+    NodeRefused {
+        action: &'static str,
+        node: String,
+        /// The API server's words.
+        message: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("failed to {action} NodeMaintenance {name}: {source}")]
     NodeMaintenance {
         action: &'static str,
@@ -97,6 +114,7 @@ impl Error {
         match self {
             Error::Node { .. } => "node",
             Error::NodeChanged { .. } => "node_changed",
+            Error::NodeRefused { .. } => "node_refused",
             Error::NodeMaintenance { .. } => "nodemaintenance",
             Error::Pods(_) => "pods",
             Error::Lease(_) => "lease",
@@ -408,6 +426,9 @@ const EVENT_DRAIN_BLOCKED: &str = "DrainBlocked";
 const EVENT_POD_FORCE_DELETED: &str = "PodForceDeleted";
 /// ReconcilePanicked (Warning): the cleanup of a deleted maintenance panicked (a bug).
 const EVENT_RECONCILE_PANICKED: &str = "ReconcilePanicked";
+/// NodeUpdateRefused (Warning): the API server refused the controller's node
+/// patch (admission policy or webhook); once per refusal, not per retry.
+const EVENT_NODE_UPDATE_REFUSED: &str = "NodeUpdateRefused";
 
 /// Write the finalizer list, checked against the version we read.
 async fn set_finalizers(
@@ -577,9 +598,29 @@ async fn apply(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
             // of the latest status written this round (never an older copy).
             let mut st = status_of(&nm);
             st.last_error = e.to_string();
-            let why = Why::new(Cause::ReconcileError, node::is_in_maintenance(&node));
-            if let Err(we) = write_status(ctx, &mut nm, st, why).await {
-                tracing::warn!(nodemaintenance = %nm.name_any(), error = %we, "could not record lastError");
+            let cordoned = node::is_in_maintenance(&node);
+            let refused = matches!(e, Error::NodeRefused { .. });
+            let why = if refused {
+                // A standing refusal: lastUpdate shows the retries go on.
+                Why::new(Cause::NodeUpdateRefused, cordoned).refreshed()
+            } else {
+                Why::new(Cause::ReconcileError, cordoned)
+            };
+            let before = status_of(&nm).conditions;
+            match write_status(ctx, &mut nm, st, why).await {
+                Ok(()) if refused => {
+                    // One Warning when the refusal is new or its words change.
+                    let after = status_of(&nm).conditions;
+                    if let Some(msg) =
+                        conditions::blocked_news(&before, &after, Cause::NodeUpdateRefused)
+                    {
+                        ctx.events.warn(&nm, EVENT_NODE_UPDATE_REFUSED, msg).await;
+                    }
+                }
+                Ok(()) => {}
+                Err(we) => {
+                    tracing::warn!(nodemaintenance = %nm.name_any(), error = %we, "could not record lastError");
+                }
             }
             Err(e)
         }
@@ -918,18 +959,54 @@ async fn patch_node(
         // Whatever went wrong, the next attempt starts from a live read.
         Err(_) => ctx.node_cache.forget(node),
     }
-    result.map(|_| ()).map_err(|source| match &source {
-        // The patch opens with a `test` of the taints we read: 422 (or a
-        // 409) means the node moved on since, not that the request was wrong.
-        kube::Error::Api(s) if s.code == 422 || s.code == 409 => Error::NodeChanged {
+    result
+        .map(|_| ())
+        .map_err(|source| node_patch_error(node, action, source))
+}
+
+/// What the API server says when a JSON patch cannot be applied to the
+/// stored object, a failed `test` operation included: apiserver's
+/// patch.go answers `NewGenericServerResponse(422, ...)`, which drops the
+/// patch library's own words ("testing value /spec/taints failed") and
+/// leaves this text, reason Invalid, no details.
+const JSON_PATCH_NOT_APPLICABLE: &str =
+    "the server rejected our request due to an error in our request";
+
+/// Whether the answer to a node JSON patch says the node moved on since we
+/// read it: a 409, or the 422 of a patch that no longer applies (our patch
+/// opens with a `test` of the taints we read). Any other 422 is a refusal:
+/// a ValidatingAdmissionPolicy (`nodes "x" is forbidden:
+/// ValidatingAdmissionPolicy '...' with binding '...' denied request: ...`)
+/// or the node's validation (`Node "x" is invalid: ...`) answer 422 with
+/// reason Invalid too, but with their own message and details.
+fn node_moved_on(s: &kube::core::Status) -> bool {
+    s.code == 409
+        || (s.code == 422
+            && s.message == JSON_PATCH_NOT_APPLICABLE
+            && s.details.as_ref().is_none_or(|d| d.causes.is_empty()))
+}
+
+/// The error of a failed node patch: a conflict (decided again on a fresh
+/// read), a refusal (400: an admission webhook's default; 403: a policy or
+/// webhook answering Forbidden, or RBAC; 422: a policy or the node's
+/// validation), or anything else (the API server unreachable, busy, ...).
+fn node_patch_error(node: &str, action: &'static str, source: kube::Error) -> Error {
+    match &source {
+        kube::Error::Api(s) if node_moved_on(s) => Error::NodeChanged {
             node: node.to_string(),
+        },
+        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => Error::NodeRefused {
+            action,
+            node: node.to_string(),
+            message: s.message.clone(),
+            source,
         },
         _ => Error::Node {
             action,
             node: node.to_string(),
             source,
         },
-    })
+    }
 }
 
 /// Take our taints, cordon and label off the node; say UncordonNode on the
@@ -1128,5 +1205,83 @@ pub(crate) mod tests {
             (event["type"].as_str(), event["reason"].as_str()),
             (Some("Warning"), Some("FailedMaintenance"))
         );
+    }
+
+    /// Answers of kube-apiserver v1.34.4 (the local plane) to a node JSON
+    /// patch, captured with `kubectl patch node ... --type=json -v=8`.
+    mod answers {
+        /// `[{"op":"test","path":"/spec/taints","value":[]}, ...]` on a node
+        /// with a taint: the failed `test` (patch.go drops the patch
+        /// library's words).
+        pub const TEST_OP_FAILED: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the server rejected our request due to an error in our request","reason":"Invalid","details":{},"code":422}"#;
+        /// A ValidatingAdmissionPolicy (validationActions [Deny], no
+        /// `reason`, so Invalid) freezing the node's spec.
+        pub const VAP_DENIED: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"nodes \"refusal-probe-23922\" is forbidden: ValidatingAdmissionPolicy 'refusal-probe-23922' with binding 'refusal-probe-23922' denied request: node refusal-probe-23922 is frozen by policy refusal-probe-23922: its spec may not change","reason":"Invalid","details":{"name":"refusal-probe-23922","kind":"nodes","causes":[{"message":"ValidatingAdmissionPolicy 'refusal-probe-23922' with binding 'refusal-probe-23922' denied request: node refusal-probe-23922 is frozen by policy refusal-probe-23922: its spec may not change"}]},"code":422}"#;
+        /// The node's own validation (a taint with effect "Bogus").
+        pub const NODE_INVALID: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Node \"refusal-probe-23922\" is invalid: metadata.taints[0].effect: Unsupported value: \"Bogus\": supported values: \"NoSchedule\", \"PreferNoSchedule\", \"NoExecute\"","reason":"Invalid","details":{"name":"refusal-probe-23922","kind":"Node","causes":[{"reason":"FieldValueNotSupported","message":"Unsupported value: \"Bogus\": supported values: \"NoSchedule\", \"PreferNoSchedule\", \"NoExecute\"","field":"metadata.taints[0].effect"},{"reason":"FieldValueNotSupported","message":"Unsupported value: \"Bogus\": supported values: \"NoSchedule\", \"PreferNoSchedule\", \"NoExecute\"","field":"metadata.taints[0].effect"}]},"code":422}"#;
+        /// Not captured: an update against an outdated resourceVersion, as
+        /// apimachinery's NewConflict words it.
+        pub const CONFLICT: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Operation cannot be fulfilled on nodes \"worker-1\": the object has been modified; please apply your changes to the latest version and try again","reason":"Conflict","details":{"name":"worker-1","kind":"nodes"},"code":409}"#;
+        /// Not captured: an admission webhook's denial without a code
+        /// (apiserver's ToStatusErr makes it 400).
+        pub const WEBHOOK_DENIED: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"admission webhook \"nodes.example.com\" denied the request: nodes are frozen","code":400}"#;
+    }
+
+    fn api_error(body: &str) -> kube::Error {
+        let status: kube::core::Status = serde_json::from_str(body).expect("a Status");
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn a_failed_test_op_or_409_is_a_conflict() {
+        for body in [answers::TEST_OP_FAILED, answers::CONFLICT] {
+            let e = node_patch_error("worker-1", "put into maintenance", api_error(body));
+            assert!(
+                matches!(&e, Error::NodeChanged { node } if node == "worker-1"),
+                "{body}: {e:?}"
+            );
+            assert!(e.is_conflict());
+        }
+    }
+
+    #[test]
+    fn a_refused_node_patch_is_reported_not_retried_as_a_conflict() {
+        let cases = [
+            (
+                answers::VAP_DENIED,
+                "ValidatingAdmissionPolicy 'refusal-probe-23922' with binding 'refusal-probe-23922' denied request: node refusal-probe-23922 is frozen",
+            ),
+            (
+                answers::NODE_INVALID,
+                "Node \"refusal-probe-23922\" is invalid",
+            ),
+            (
+                answers::WEBHOOK_DENIED,
+                "admission webhook \"nodes.example.com\" denied the request",
+            ),
+        ];
+        for (body, words) in cases {
+            let e = node_patch_error("worker-1", "put into maintenance", api_error(body));
+            assert!(matches!(e, Error::NodeRefused { .. }), "{body}: {e:?}");
+            assert!(!e.is_conflict(), "{body}");
+            assert_eq!(e.kind(), "node_refused");
+            let text = e.to_string();
+            for want in [
+                "node worker-1 (put into maintenance)",
+                words,
+                "admission policy or webhook",
+                "the controller retries",
+            ] {
+                assert!(text.contains(want), "{want:?} in {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn other_node_patch_failures_stay_plain_errors() {
+        let busy = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"the server is currently unable to handle the request","reason":"ServiceUnavailable","code":503}"#;
+        let e = node_patch_error("worker-1", "give back", api_error(busy));
+        assert!(matches!(e, Error::Node { .. }), "{e:?}");
+        assert!(!e.is_conflict());
     }
 }
