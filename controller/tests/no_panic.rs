@@ -421,7 +421,7 @@ fn any_duration() -> impl Strategy<Value = Duration> {
     ]
 }
 
-const CAUSES: [Cause; 10] = [
+const CAUSES: [Cause; 12] = [
     Cause::Progress,
     Cause::WaitingForSlot,
     Cause::EvictionBlocked,
@@ -432,6 +432,8 @@ const CAUSES: [Cause; 10] = [
     Cause::LeaseLost,
     Cause::DuplicateMaintenance,
     Cause::DrainTimeout,
+    Cause::InternalError,
+    Cause::NodeUpdateRefused,
 ];
 
 // ---------------------------------------------------------------- checks

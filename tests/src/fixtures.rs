@@ -296,6 +296,26 @@ pub async fn teardown_controller_test(
             }
         }
     }
+    // The controller removes their finalizers: wait (bounded) before it is
+    // stopped, or they stay Terminating with nobody to finish them.
+    if controller.is_some() {
+        let gone = crate::wait::until(
+            "the test's NodeMaintenances to be gone before its controller stops",
+            std::time::Duration::from_secs(30),
+            || async {
+                let left = nms.list(&lp).await.map(|l| l.items.len()).unwrap_or(0);
+                Ok(if left == 0 {
+                    crate::wait::Poll::Ready(())
+                } else {
+                    crate::wait::Poll::Pending(format!("{left} left"))
+                })
+            },
+        )
+        .await;
+        if let Err(e) = gone {
+            eprintln!("teardown: {e:#} (tests/cluster/sweep.sh removes them after the suite)");
+        }
+    }
     bed.teardown().await;
     if let Some(c) = controller {
         c.kill();
