@@ -147,6 +147,8 @@ pub struct Ctx {
     pub departures_watched: WatchedNodes,
     /// `--allow-force-drain`: whether drainTimeoutAction Force may delete pods.
     pub allow_force_drain: bool,
+    /// Slot admissions decided here that the cache may not show yet.
+    pub admissions: slots::Admissions,
 }
 
 impl Ctx {
@@ -174,6 +176,7 @@ impl Ctx {
             node_cache: NodeCache::default(),
             departures_watched: WatchedNodes::default(),
             allow_force_drain: cfg.allow_force_drain,
+            admissions: slots::Admissions::default(),
         }
     }
 
@@ -555,7 +558,7 @@ fn slot_entries(store: &Store<NodeMaintenance>) -> Vec<slots::Entry> {
 
 async fn apply(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
     let status = status_of(&nm);
-    let slot = slots::decide(
+    let slot = ctx.admissions.decide(
         &slots::Entry::of(&nm),
         &slot_entries(&ctx.store),
         ctx.max_concurrent_maintenances,

@@ -112,6 +112,58 @@ pub fn decide(me: &Entry, all: &[Entry], max: usize) -> SlotDecision {
     }
 }
 
+/// The admissions this process decided that its cache may not show yet.
+///
+/// The controller decides from its watch cache, which learns of an
+/// admission (the `Running` status write) only some milliseconds later. In
+/// between, a second NodeMaintenance decided from the cache alone would see
+/// the first as not admitted: with one slot, or for the same node, and
+/// ordered ahead of it (same creation second, smaller name), it would be
+/// admitted too. [`Admissions::decide`] counts this process's own decisions
+/// as admitted until the cache shows the object admitted, failed or gone,
+/// and records a new admission before anyone can act on it (one decision at
+/// a time).
+#[derive(Debug, Default)]
+pub struct Admissions {
+    /// (name, creation time) of each admission not yet seen in the cache.
+    decided: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
+}
+
+impl Admissions {
+    /// [`decide`] for `me` over `all` (the cache), with this process's own
+    /// admissions counted; an admission of `me` is recorded before it is
+    /// returned.
+    pub fn decide(&self, me: &Entry, all: &[Entry], max: usize) -> SlotDecision {
+        let mut decided = self.decided.lock().unwrap_or_else(|p| p.into_inner());
+        // The cache has caught up with these (or they are gone): it decides.
+        decided.retain(|(name, created)| {
+            all.iter()
+                .any(|e| &e.name == name && &e.created == created && e.phase_is_undecided())
+        });
+        let counted = |e: &Entry| {
+            let mut e = e.clone();
+            if e.phase_is_undecided() && decided.contains(&(e.name.clone(), e.created.clone())) {
+                e.phase = Some(MaintenancePhase::Running);
+            }
+            e
+        };
+        let all: Vec<Entry> = all.iter().map(counted).collect();
+        let me_counted = counted(me);
+        let decision = decide(&me_counted, &all, max);
+        if decision == SlotDecision::Admitted && !me_counted.admitted() {
+            decided.insert((me.name.clone(), me.created.clone()));
+        }
+        decision
+    }
+}
+
+impl Entry {
+    /// Neither admitted nor failed (new or Pending, as the cache shows it).
+    fn phase_is_undecided(&self) -> bool {
+        !self.admitted() && !self.failed()
+    }
+}
+
 /// The admitted ones, in creation order.
 fn holders(all: &[Entry]) -> Vec<&Entry> {
     let mut holders: Vec<&Entry> = all.iter().filter(|e| e.admitted()).collect();
@@ -255,6 +307,75 @@ mod tests {
             SlotDecision::Duplicate { owner: "z".into() }
         );
         assert_eq!(decide(&running, &all, 0), SlotDecision::Admitted);
+    }
+
+    /// The race of issue 22, in the order the controller meets it: A and B
+    /// created in the same second, B with the smaller name. A is decided
+    /// first (admitted, its Running write under way); B arrives while the
+    /// cache still shows A with no phase.
+    #[test]
+    fn an_admission_the_cache_does_not_show_yet_still_holds_its_slot() {
+        let a = e("zeta", "n1", "2026-12-03T12:00:00Z", None);
+        let b = e("alpha", "n2", "2026-12-03T12:00:00Z", None);
+        let cache = vec![a.clone(), b.clone()];
+        // Deciding from the cache alone admits both: the bug, shown.
+        assert_eq!(decide(&b, &cache, 1), SlotDecision::Admitted);
+        let only_a = vec![a.clone()];
+        assert_eq!(decide(&a, &only_a, 1), SlotDecision::Admitted);
+
+        let admissions = Admissions::default();
+        // A is reconciled before B is in the cache: admitted, recorded.
+        assert_eq!(admissions.decide(&a, &only_a, 1), SlotDecision::Admitted);
+        // B arrives; the cache still shows A with no phase: B waits for A.
+        assert_eq!(
+            admissions.decide(&b, &cache, 1),
+            SlotDecision::Wait {
+                position: 1,
+                holders: vec!["zeta".into()],
+                max: 1
+            }
+        );
+        // A's next reconcile (cache still behind) keeps its slot.
+        assert_eq!(admissions.decide(&a, &cache, 1), SlotDecision::Admitted);
+        // The cache shows A Running: it counts from the cache now.
+        let mut a_running = a.clone();
+        a_running.phase = Some(MaintenancePhase::Running);
+        let caught_up = vec![a_running.clone(), b.clone()];
+        assert!(matches!(
+            admissions.decide(&b, &caught_up, 1),
+            SlotDecision::Wait { .. }
+        ));
+        // A is gone: B starts.
+        assert_eq!(
+            admissions.decide(&b, std::slice::from_ref(&b), 1),
+            SlotDecision::Admitted
+        );
+    }
+
+    /// The same race for one node: the later-decided one with the smaller
+    /// name is a duplicate of the admitted one, not its owner.
+    #[test]
+    fn two_for_one_node_in_the_same_second_admit_one() {
+        let a = e("zeta", "n1", "2026-12-03T12:00:00Z", None);
+        let b = e("alpha", "n1", "2026-12-03T12:00:00Z", None);
+        let admissions = Admissions::default();
+        assert_eq!(
+            admissions.decide(&a, std::slice::from_ref(&a), 0),
+            SlotDecision::Admitted
+        );
+        assert_eq!(
+            admissions.decide(&b, &[a.clone(), b.clone()], 0),
+            SlotDecision::Duplicate {
+                owner: "zeta".into()
+            }
+        );
+        // A failed (shown in the cache): it no longer owns the node.
+        let mut a_failed = a.clone();
+        a_failed.phase = Some(MaintenancePhase::Failed);
+        assert_eq!(
+            admissions.decide(&b, &[a_failed, b.clone()], 0),
+            SlotDecision::Admitted
+        );
     }
 
     #[test]
