@@ -253,10 +253,21 @@ pub fn after_round(status: &Status, round: Round, blocked_retry: Duration) -> Ne
             refresh: false,
         };
     }
-    st.drain_progress =
-        crate::classify::drain_progress(st.eviction_pods, count(round.remaining.len()));
-    st.pending_pods = round.remaining.iter().map(|p| p.name.clone()).collect();
-    st.pending_pods_refs = round.remaining;
+    if st.phase == Some(MaintenancePhase::Succeeded) {
+        // A pod that arrived after the drain finished (a late scheduling, a
+        // static pod replaced): it is evicted like the others, but the
+        // finished drain is not rewound (phase, 100 %, empty pending lists
+        // stay; SucceedMaintenance was said once). A blocker still shows in
+        // lastError and the Blocked condition.
+        st.drain_progress = 100;
+        st.pending_pods.clear();
+        st.pending_pods_refs.clear();
+    } else {
+        st.drain_progress =
+            crate::classify::drain_progress(st.eviction_pods, count(round.remaining.len()));
+        st.pending_pods = round.remaining.iter().map(|p| p.name.clone()).collect();
+        st.pending_pods_refs = round.remaining;
+    }
     let blocked = round.blocker.is_some();
     // A migration takes its time: asking KubeVirt twice a second changes
     // nothing, so come back as for a blocker (the pod's exit wakes us too).
@@ -600,6 +611,47 @@ mod tests {
             msg_lease_failed(4),
             "maintenance failed: lease could not be extended after 4 attempts"
         );
+    }
+
+    /// Issue 22: a pod arriving on a drained node set drainProgress below
+    /// 100 and pendingPods while the phase stayed Succeeded.
+    #[test]
+    fn a_pod_arriving_after_success_does_not_rewind_the_drain() {
+        use MaintenancePhase::Succeeded;
+        let done = Status {
+            phase: Some(Succeeded),
+            drain_progress: 100,
+            eviction_pods: 0,
+            ..Default::default()
+        };
+        let late = Round {
+            remaining: vec![pod("late")],
+            ..Default::default()
+        };
+        let next = after_round(&done, late, Duration::from_secs(5));
+        assert_eq!(next.status.phase, Some(Succeeded));
+        assert_eq!(next.status.drain_progress, 100);
+        assert!(next.status.pending_pods.is_empty() && next.status.pending_pods_refs.is_empty());
+        assert_eq!(
+            next.requeue, REQUEUE_TERMINATING,
+            "it is still evicted, soon"
+        );
+        assert_eq!(
+            transition_event(&done, &next.status),
+            None,
+            "no second event"
+        );
+        let blocked = Round {
+            remaining: vec![pod("late")],
+            blocker: Some("pod ns/late: PDB".into()),
+            ..Default::default()
+        };
+        let next = after_round(&done, blocked, Duration::from_secs(5));
+        assert_eq!(
+            next.status.last_error, "pod ns/late: PDB",
+            "a blocker still shows"
+        );
+        assert_eq!(next.status.drain_progress, 100);
     }
 
     #[test]

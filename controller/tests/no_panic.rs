@@ -529,6 +529,12 @@ fn check_round(st: &Status, round: Round, retry: Duration) {
         assert!(next.status.pending_pods.is_empty() && next.status.pending_pods_refs.is_empty());
         assert_eq!(next.requeue, REQUEUE_HOLD);
         assert!(!next.refresh);
+    } else if st.phase == Some(MaintenancePhase::Succeeded) {
+        // Documented: a pod arriving after success does not rewind the drain.
+        assert_eq!(next.status.phase, st.phase);
+        assert_eq!(next.status.drain_progress, 100);
+        assert!(next.status.pending_pods.is_empty() && next.status.pending_pods_refs.is_empty());
+        assert_eq!(next.refresh, waiting);
     } else {
         assert_eq!(
             next.status.phase, st.phase,

@@ -459,6 +459,69 @@ async fn one_slot_same_second_pairs_never_both_admitted() {
     env.teardown().await;
 }
 
+/// A pod that lands on the node after the drain finished (here bound by
+/// name, past the cordon) is evicted too, and the finished drain is not
+/// rewound: phase Succeeded, drainProgress 100, no pending pods (issue 22:
+/// progress dropped to 0 with the pod pending while the phase said Succeeded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_arriving_after_success_is_evicted_without_rewinding() {
+    let env = Env::new("nm-late-pod", 1).await;
+    let target = env.node_in_maintenance().await;
+    env.bed.bare_pod("late", &target).await.expect("late pod");
+    // A node change brings the maintenance back for a round.
+    env.nodes()
+        .patch(
+            &target,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"nudge": "late-pod"}}})),
+        )
+        .await
+        .expect("nudge");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(env.client(), &env.bed.namespace);
+    let consistent = || async {
+        let nm = env
+            .nms()
+            .get(&env.n("a"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let st = nm.status.unwrap_or_default();
+        if st.phase != Some(MaintenancePhase::Succeeded)
+            || st.drain_progress != 100
+            || !st.pending_pods.is_empty()
+        {
+            return Err(format!(
+                "status rewound: phase {:?}, progress {}, pending {:?}",
+                st.phase, st.drain_progress, st.pending_pods
+            ));
+        }
+        Ok(())
+    };
+    until(
+        "the late pod evicted, the status unchanged",
+        LONG,
+        || async {
+            consistent().await.map_err(|e| anyhow::anyhow!(e))?;
+            Ok(match pods.get_opt("late").await? {
+                None => Poll::Ready(()),
+                Some(p) => Poll::Pending(format!(
+                    "pod late still there (deleting: {})",
+                    p.metadata.deletion_timestamp.is_some()
+                )),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    stays(
+        "the status stays Succeeded at 100",
+        Duration::from_secs(2),
+        consistent,
+    )
+    .await;
+    env.teardown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_node_fails_without_retry_loop() {
     let env = Env::new("nm-missing", 1).await;
