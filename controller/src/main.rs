@@ -68,9 +68,11 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async {
-            // Deleted before its turn: no longer queued.
+            // Gone (deleted before its turn, or its finalizer removed by
+            // someone else): no longer queued, nothing kept for it.
             if let Err(controller::Error::ObjectNotFound(o)) = r {
                 ctx.metrics.queue.forget(&o.name);
+                ctx.forget_maintenance(&o.name);
             }
         });
     // A leader that loses the Lease exits (as controller-runtime does), so it

@@ -36,6 +36,21 @@ struct Entry {
     /// The maintenance that asked for it ended: dropped once nothing of
     /// ours is pending on it.
     retired: bool,
+    /// The watch saw the node deleted (`node` is its last version): a
+    /// tombstone, so a live read that raced the delete cannot put the node
+    /// back (a reconcile would then never see it gone). Only a later
+    /// version (the node created again) replaces it.
+    deleted: bool,
+}
+
+/// `node` may replace what `e` holds: not older, and never the same node
+/// again once the watch saw it deleted (a live read from before the delete).
+fn replaces(e: &Entry, node: &Node) -> bool {
+    if e.deleted {
+        let recreated = node.metadata.uid.is_some() && node.metadata.uid != e.node.metadata.uid;
+        return recreated || older(rv(&e.node), rv(node));
+    }
+    !older(rv(node), rv(&e.node))
 }
 
 /// resourceVersions are opaque by contract but etcd's are increasing
@@ -102,6 +117,9 @@ impl NodeCache {
     pub fn get(&self, name: &str) -> Option<Node> {
         let mut m = self.lock();
         let e = m.get_mut(name)?;
+        if e.deleted {
+            return None;
+        }
         e.retired = false;
         Some(e.node.clone())
     }
@@ -125,9 +143,11 @@ impl NodeCache {
         let mut m = self.lock();
         match m.get_mut(&name) {
             Some(e) => {
-                if !older(rv(&node), rv(&e.node)) {
-                    e.node = node;
+                if !replaces(e, &node) {
+                    return;
                 }
+                e.node = node;
+                e.deleted = false;
                 if ours {
                     e.own_write = written;
                 }
@@ -140,6 +160,7 @@ impl NodeCache {
                         node,
                         own_write: if ours { written } else { None },
                         retired: false,
+                        deleted: false,
                     },
                 );
             }
@@ -156,11 +177,26 @@ impl NodeCache {
     pub fn retire(&self, name: &str) {
         let mut m = self.lock();
         if let Some(e) = m.get_mut(name) {
-            if e.own_write.is_none() {
+            if e.own_write.is_none() || e.deleted {
                 m.remove(name);
             } else {
                 e.retired = true;
             }
+        }
+    }
+
+    /// Retire every node that no maintenance in `named` names (their
+    /// maintenances went without our cleanup, e.g. a finalizer removed by
+    /// hand).
+    pub fn retire_unnamed(&self, named: &std::collections::HashSet<String>) {
+        let unnamed: Vec<String> = self
+            .lock()
+            .keys()
+            .filter(|n| !named.contains(*n))
+            .cloned()
+            .collect();
+        for name in unnamed {
+            self.retire(&name);
         }
     }
 
@@ -175,8 +211,10 @@ impl NodeCache {
                 let mut m = self.lock();
                 if let Some(e) = m.get_mut(name) {
                     let seen = v.metadata.resource_version.as_deref();
-                    if !older(seen, rv(&e.node)) {
-                        e.node = from_view(v);
+                    let node = from_view(v);
+                    if replaces(e, &node) {
+                        e.node = node;
+                        e.deleted = false;
                     }
                     // A later version than our write: its echo went by (or
                     // changed nothing the reconciles look at).
@@ -190,7 +228,18 @@ impl NodeCache {
             }
             watcher::Event::Delete(v) => {
                 if let Some(name) = v.metadata.name.as_deref() {
-                    self.lock().remove(name);
+                    // Kept as a tombstone while a maintenance names the
+                    // node; retire() (its maintenance ended) or a new full
+                    // list drops it.
+                    let mut m = self.lock();
+                    if let Some(e) = m.get_mut(name) {
+                        e.node = from_view(v);
+                        e.deleted = true;
+                        e.own_write = None;
+                        if e.retired {
+                            m.remove(name);
+                        }
+                    }
                 }
             }
             // A new full list: what it no longer holds may be gone.
@@ -309,12 +358,44 @@ mod tests {
         assert!(c.is_empty());
     }
 
+    /// Issue 22: a live read (version 5) that raced the node's deletion
+    /// (the watch's Delete, version 6) put the node back, and the reconcile
+    /// never saw it gone.
+    #[test]
+    fn a_late_read_never_resurrects_a_deleted_node() {
+        let c = NodeCache::default();
+        c.put(&node("5", false));
+        c.observe(&watcher::Event::Delete(view("6", false)));
+        assert!(c.get("w1").is_none(), "gone");
+        c.put(&node("5", false));
+        assert!(
+            c.get("w1").is_none(),
+            "the late read does not bring it back"
+        );
+        c.wrote(&node("6", false));
+        assert!(c.get("w1").is_none(), "nor does the deleted version itself");
+        // The node created again (a newer version, another uid) is news.
+        let mut again = node("9", true);
+        again.metadata.uid = Some("u2".into());
+        c.put(&again);
+        assert_eq!(
+            c.get("w1").map(|n| rv_of(&n).to_string()).as_deref(),
+            Some("9")
+        );
+        // Recreated and seen first by the watch.
+        c.observe(&watcher::Event::Delete(view("10", false)));
+        c.observe(&watcher::Event::Apply(view("11", false)));
+        assert!(c.get("w1").is_some());
+    }
+
     #[test]
     fn deletes_relists_and_retirement_drop_entries() {
         let c = NodeCache::default();
         c.put(&node("5", false));
         c.observe(&watcher::Event::Delete(view("6", false)));
-        assert!(c.is_empty());
+        assert!(c.get("w1").is_none());
+        c.retire("w1");
+        assert!(c.is_empty(), "a tombstone goes with its maintenance");
 
         c.put(&node("5", false));
         c.observe(&watcher::Event::Init);
@@ -334,6 +415,15 @@ mod tests {
         c.retire("w1");
         assert!(c.get("w1").is_some(), "a new maintenance reads it: kept");
         c.forget("w1");
+        assert!(c.is_empty());
+
+        // A maintenance gone without our cleanup: its node goes unless
+        // another maintenance names it.
+        c.put(&node("8", false));
+        let named: std::collections::HashSet<String> = ["w1".to_string()].into();
+        c.retire_unnamed(&named);
+        assert_eq!(c.len(), 1, "still named");
+        c.retire_unnamed(&Default::default());
         assert!(c.is_empty());
     }
 }

@@ -152,6 +152,19 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// NodeMaintenance `name` is gone (whoever removed its finalizer): drop
+    /// what was kept for it, and the cached nodes no maintenance names.
+    pub fn forget_maintenance(&self, name: &str) {
+        self.own_writes.forget(name);
+        let named: std::collections::HashSet<String> = self
+            .store
+            .state()
+            .iter()
+            .map(|nm| nm.spec.node_name.clone())
+            .collect();
+        self.node_cache.retire_unnamed(&named);
+    }
+
     pub fn new(
         cfg: &crate::config::Config,
         (client, evict_client): (Client, Client),
@@ -542,6 +555,12 @@ async fn write_status(
     shared::lean::forget_managed_fields(&mut nm.metadata);
     ctx.own_writes
         .wrote(&nm.name_any(), based_on.as_deref(), nm);
+    if new.phase == Some(shared::MaintenancePhase::Failed)
+        && old.phase != Some(shared::MaintenancePhase::Failed)
+    {
+        // Failed is final and the node was given back: its cache entry goes.
+        ctx.node_cache.retire(&nm.spec.node_name);
+    }
     if let Some(event) = plan::transition_event(&old, &new) {
         ctx.events.on(nm, event).await;
     }
