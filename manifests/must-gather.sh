@@ -91,6 +91,14 @@ done
 collect cluster/poddisruptionbudgets.txt k get pdb -A -o wide
 collect cluster/poddisruptionbudgets.yaml k get pdb -A -o yaml
 
+# OpenShift: the etcd quorum guard the webhook asks before a control-plane
+# node may enter maintenance (the PDB and the guard pods it selects).
+if k get namespace openshift-etcd >/dev/null 2>&1; then
+    step "openshift-etcd: etcd quorum guard PodDisruptionBudgets and pods"
+    collect openshift-etcd/poddisruptionbudgets.yaml k get pdb -n openshift-etcd -o yaml
+    collect openshift-etcd/pods.txt k get pods -n openshift-etcd -o wide --show-labels
+fi
+
 step "events for NodeMaintenances and uncordoned Nodes"
 collect events/nodemaintenances.txt k get events -A --sort-by=.lastTimestamp \
     --field-selector involvedObject.kind=NodeMaintenance
