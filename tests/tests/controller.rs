@@ -468,6 +468,12 @@ async fn a_pod_arriving_after_success_is_evicted_without_rewinding() {
     let env = Env::new("nm-late-pod", 1).await;
     let target = env.node_in_maintenance().await;
     env.bed.bare_pod("late", &target).await.expect("late pod");
+    // Held by a PDB, so it stays on the node for rounds on end.
+    env.bed.pdb("late-pdb", "late", 1).await.expect("pdb");
+    env.bed
+        .wait_pdb_status("late-pdb", 1, LONG)
+        .await
+        .expect("pdb status");
     // A node change brings the maintenance back for a round.
     env.nodes()
         .patch(
@@ -497,6 +503,31 @@ async fn a_pod_arriving_after_success_is_evicted_without_rewinding() {
         }
         Ok(())
     };
+    until("the late pod reported as blocked", LONG, || async {
+        consistent().await.map_err(|e| anyhow::anyhow!(e))?;
+        let nm = env.nms().get(&env.n("a")).await?;
+        let err = nm.status.unwrap_or_default().last_error;
+        Ok(if err.contains("late-pdb") {
+            Poll::Ready(())
+        } else {
+            Poll::Pending(format!("lastError {err:?}"))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    stays(
+        "the status stays Succeeded at 100 while blocked",
+        Duration::from_secs(2),
+        consistent,
+    )
+    .await;
+    Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+        env.client(),
+        &env.bed.namespace,
+    )
+    .delete("late-pdb", &DeleteParams::default())
+    .await
+    .expect("lift the PDB");
     until(
         "the late pod evicted, the status unchanged",
         LONG,
