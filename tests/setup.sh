@@ -157,16 +157,22 @@ if [ ${#apt_pkgs[@]} -gt 0 ]; then
   for r in "${missing[@]}"; do
     [ "$(field "$r" 0)" = apt ] && say "apt-get install $(field "$r" 1): $(field "$r" 3)"
   done
-  say "apt-get update (package lists, once)"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_pkgs[@]}" >&2
+  aptlog=$(mktemp)
+  say "apt-get update (package lists, once; output in $aptlog)"
+  if ! DEBIAN_FRONTEND=noninteractive apt-get update -qq >"$aptlog" 2>&1 ||
+    ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_pkgs[@]}" >>"$aptlog" 2>&1; then
+    tail -n 20 "$aptlog" >&2
+    say "ERROR: apt-get install ${apt_pkgs[*]} failed (output above, all of it in $aptlog)"
+    exit 1
+  fi
+  rm -f "$aptlog"
 fi
 for r in ${missing[@]+"${missing[@]}"}; do
   case "$(field "$r" 0)" in
     target) say "rustup target add $(field "$r" 1): $(field "$r" 3)"
-      rustup target add "$(field "$r" 1)" >&2 ;;
+      rustup target add "$(field "$r" 1)" 2>&1 | sed 's/^/[setup]   /' >&2 ;;
     component) say "rustup component add $(field "$r" 1): $(field "$r" 3)"
-      rustup component add "$(field "$r" 1)" >&2 ;;
+      rustup component add "$(field "$r" 1)" 2>&1 | sed 's/^/[setup]   /' >&2 ;;
   esac
 done
 still=()
