@@ -322,6 +322,8 @@ fn generate(objects: &[Value], opts: &Options) -> anyhow::Result<BTreeMap<String
                 .extend(rules.iter().cloned());
         }
     }
+    // What the CSV grants wider than `kubectl apply -k` does, for its description.
+    let mut widened: Vec<String> = Vec::new();
     for b in by_kind("RoleBinding") {
         let subjects = our_subjects(b);
         if subjects.is_empty() {
@@ -356,6 +358,20 @@ fn generate(objects: &[Value], opts: &Options) -> anyhow::Result<BTreeMap<String
             continue;
         }
         // Another namespace: only cluster-wide in a CSV (see the top of the file).
+        for sa in &subjects {
+            let what: Vec<String> = rules.iter().map(rule_text).collect();
+            widened.push(format!(
+                "- {sa}: {} in namespace {ns} (Role {role}) becomes cluster-wide: a CSV \
+                 grants namespaced rights only in the operator's own namespace",
+                what.join("; ")
+            ));
+            if other_namespaces.contains(ns) {
+                widened.push(format!(
+                    "- {sa}: create on namespaces, since the bundle cannot create namespace \
+                     {ns}: the operator creates it when it is missing"
+                ));
+            }
+        }
         let create_namespace = other_namespaces.contains(ns).then(|| {
             map([
                 ("apiGroups", Value::Sequence(vec![s("")])),
@@ -547,7 +563,7 @@ fn generate(objects: &[Value], opts: &Options) -> anyhow::Result<BTreeMap<String
     let mut spec = Mapping::new();
     let entries: Vec<(&str, Value)> = vec![
         ("displayName", s("Node Maintenance Operator (nmo-rs)")),
-        ("description", s(DESCRIPTION)),
+        ("description", s(&description(&widened))),
         ("version", s(&opts.version)),
         ("minKubeVersion", s(MIN_KUBE_VERSION)),
         ("maturity", s("alpha")),
@@ -681,6 +697,50 @@ Only one of nmo-rs and upstream's node-maintenance-operator can be installed at 
 time: both own the NodeMaintenance CRD. Existing NodeMaintenance objects are kept
 when switching.
 ";
+
+/// The CSV's description: [`DESCRIPTION`], then each grant OLM makes wider
+/// than the kustomize install, and where least privilege is.
+fn description(widened: &[String]) -> String {
+    let mut text = DESCRIPTION.to_string();
+    if !widened.is_empty() {
+        text.push_str(
+            "\nPermissions: this bundle grants more than the kustomize install \
+             (manifests/ in the nmo-rs repository), because of what a CSV can express:\n",
+        );
+        for w in widened {
+            text.push_str(w);
+            text.push('\n');
+        }
+        text.push_str(
+            "For least privilege (namespaced Roles in those namespaces), install with kustomize \
+             instead.\n",
+        );
+    }
+    text.push_str(
+        "\nForcing pods past their PodDisruptionBudgets (drainTimeoutAction: Force) is off and \
+         not granted: a cluster admin enables it by granting the operator's ServiceAccount \
+         delete on pods (manifests/components/force-drain/rbac.yaml) and setting \
+         ALLOW_FORCE_DRAIN=true in the Subscription's spec.config.env.\n",
+    );
+    text
+}
+
+/// One RBAC rule in words: "get, create on leases".
+fn rule_text(rule: &Value) -> String {
+    let list = |key: &str| -> String {
+        seq(rule, &[key])
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut text = format!("{} on {}", list("verbs"), list("resources"));
+    let names = list("resourceNames");
+    if !names.is_empty() {
+        text.push_str(&format!(" named {names}"));
+    }
+    text
+}
 
 /// Rules of built-in ClusterRoles that a manifest may bind without shipping.
 fn well_known_cluster_role(role: &str) -> Option<Vec<Value>> {
@@ -1392,6 +1452,22 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
                 .any(|r| r.contains("namespaces") && r.contains("create"))
         );
         assert!(rules.iter().any(|r| r.contains("events")));
+        // The description names each widened grant and why (issue 22).
+        let description = get_str(&csv, &["spec", "description"]).expect("description");
+        for line in [
+            "- nmo-webhook: get, create on leases in namespace medik8s-leases (Role leases) \
+             becomes cluster-wide",
+            "- nmo-webhook: create on namespaces, since the bundle cannot create namespace \
+             medik8s-leases",
+            "- nmo-webhook: create on events in namespace default (Role events) becomes cluster-wide",
+            "install with kustomize",
+        ] {
+            assert!(description.contains(line), "{line:?} in:\n{description}");
+        }
+        assert!(
+            !description.contains("Role own"),
+            "the own namespace is not widened"
+        );
         let own = seq(&csv, &["spec", "install", "spec", "permissions"]);
         assert_eq!(
             own.len(),
