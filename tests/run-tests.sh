@@ -11,6 +11,8 @@ echo "== set-up: every requirement met (tests/setup.sh --check), README's list m
 # README list that names other things, means the set-up step is incomplete.
 bash tests/setup.sh --check
 bash tests/setup.sh --check-readme README.md
+# ... and a missing piece is caught: jq hidden from PATH, as root and not.
+bash tests/setup-test.sh
 
 if [ "${1:-}" != "--integration-only" ]; then
   echo "== unit and crate tests (no cluster)"
