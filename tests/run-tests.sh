@@ -81,6 +81,18 @@ KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tests --bin rbac-audit 
   --allow tests/cluster/rbac-audit-allow.yaml \
   --namespace-copy 'nmo-system-*=nmo-system' || rc=$?
 
+echo "== RBAC audit of the OLM bundle: the same requests against what the CSV grants"
+# Sufficient: every request of the suite is granted by the CSV (plus the
+# documented force-drain grant). No wider than OLM forces: each grant the
+# suite leaves unused, or uses in one namespace only, is listed with the OLM
+# reason in tests/cluster/rbac-audit-allow-olm.yaml.
+KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tests --bin rbac-audit -- \
+  --csv bundle/manifests/node-maintenance-operator-rs.clusterserviceversion.yaml \
+  --manifests manifests/components/force-drain/rbac.yaml \
+  --audit-log "${NMO_CLUSTER_DIR:-$root/.cluster}/audit/audit.log" --since "$audit_since" \
+  --allow tests/cluster/rbac-audit-allow.yaml --allow tests/cluster/rbac-audit-allow-olm.yaml \
+  --namespace-copy 'nmo-system-*=nmo-system' || rc=$?
+
 echo "== restart tests: kube-apiserver and etcd SIGKILLed and started again under the services"
 # tests/tests/restarts.rs restarts the shared plane, so its tests are
 # #[ignore]d (the run above skips them) and run here: last, after the RBAC

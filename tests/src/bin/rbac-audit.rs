@@ -65,11 +65,80 @@ struct Args {
     since: Option<String>,
     /// Allowlist of grants the run may leave unused (YAML, see
     /// tests/cluster/rbac-audit-allow.yaml).
+    /// Repeatable: the entries of every file count.
     #[arg(long)]
-    allow: Option<PathBuf>,
+    allow: Vec<PathBuf>,
     /// `PREFIX*=NAMESPACE`: namespaces named PREFIX... stand in for NAMESPACE.
     #[arg(long, value_name = "PREFIX*=NAMESPACE")]
     namespace_copy: Vec<String>,
+    /// An OLM ClusterServiceVersion whose RBAC to judge instead of (or with)
+    /// manifests: its `clusterPermissions` become cluster-wide grants, its
+    /// `permissions` grants in `--csv-namespace`, its deployments' service
+    /// accounts the ones judged (as OLM installs them).
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// The namespace OLM installs the CSV into.
+    #[arg(long, default_value = "nmo-system")]
+    csv_namespace: String,
+}
+
+/// The RBAC objects OLM creates from a ClusterServiceVersion installed in
+/// `namespace` (one ClusterRole and binding per `clusterPermissions` entry,
+/// one Role and binding per `permissions` entry), plus a Deployment per
+/// install deployment so its ServiceAccount is judged.
+fn csv_objects(csv: &Value, namespace: &str) -> anyhow::Result<Vec<Value>> {
+    let install = csv
+        .get("spec")
+        .and_then(|s| s.get("install"))
+        .and_then(|i| i.get("spec"))
+        .context("the CSV has no spec.install.spec")?;
+    let list = |key: &str| -> Vec<Value> {
+        install
+            .get(key)
+            .and_then(Value::as_sequence)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for d in list("deployments") {
+        let name = get_str(&d, &["name"]).context("a CSV deployment without a name")?;
+        let spec = d.get("spec").cloned().unwrap_or(Value::Null);
+        out.push(serde_yaml::from_str::<Value>(&format!(
+            "{{kind: Deployment, metadata: {{name: {name}, namespace: {namespace}}}}}"
+        ))?);
+        if let (Some(Value::Mapping(last)), Value::Mapping(spec)) = (out.last_mut(), spec) {
+            last.insert("spec".into(), Value::Mapping(spec));
+        }
+    }
+    for (key, cluster) in [("clusterPermissions", true), ("permissions", false)] {
+        for (i, p) in list(key).iter().enumerate() {
+            let sa = get_str(p, &["serviceAccountName"])
+                .with_context(|| format!("CSV {key}[{i}] without serviceAccountName"))?;
+            let rules = p.get("rules").cloned().unwrap_or(Value::Sequence(vec![]));
+            let (role_kind, binding_kind) = if cluster {
+                ("ClusterRole", "ClusterRoleBinding")
+            } else {
+                ("Role", "RoleBinding")
+            };
+            let name = format!("olm-{key}-{sa}");
+            let meta = if cluster {
+                format!("{{name: {name}}}")
+            } else {
+                format!("{{name: {name}, namespace: {namespace}}}")
+            };
+            let mut role: Value =
+                serde_yaml::from_str(&format!("{{kind: {role_kind}, metadata: {meta}}}"))?;
+            if let Value::Mapping(m) = &mut role {
+                m.insert("rules".into(), rules);
+            }
+            out.push(role);
+            out.push(serde_yaml::from_str(&format!(
+                "{{kind: {binding_kind}, metadata: {meta}, roleRef: {{kind: {role_kind}, name: {name}}}, \
+                 subjects: [{{kind: ServiceAccount, name: {sa}, namespace: {namespace}}}]}}"
+            ))?);
+        }
+    }
+    Ok(out)
 }
 
 fn main() -> ExitCode {
@@ -97,9 +166,19 @@ fn run(args: Args) -> anyhow::Result<bool> {
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
         objects.extend(parse_documents(&text).with_context(|| format!("{}", f.display()))?);
     }
+    if let Some(path) = &args.csv {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let csv: Value =
+            serde_yaml::from_str(&text).with_context(|| format!("{}", path.display()))?;
+        objects.extend(
+            csv_objects(&csv, &args.csv_namespace)
+                .with_context(|| format!("the RBAC of {}", path.display()))?,
+        );
+    }
     ensure!(
         !objects.is_empty(),
-        "no manifests: pass --kustomize manifests/base (or --manifests FILE)"
+        "no manifests: pass --kustomize manifests/base (or --manifests FILE, or --csv FILE)"
     );
     let rbac = Rbac::from_objects(&objects)?;
     let since = match &args.since {
@@ -114,10 +193,10 @@ fn run(args: Args) -> anyhow::Result<bool> {
         .iter()
         .map(|c| NamespaceCopy::parse(c))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let allow = match &args.allow {
-        Some(p) => Allowlist::read(p)?,
-        None => Allowlist::default(),
-    };
+    let mut allow = Allowlist::default();
+    for p in &args.allow {
+        allow.entries.extend(Allowlist::read(p)?.entries);
+    }
     let log = read_audit_log(&args.audit_log, &rbac.users(), since)?;
     let report = audit(&rbac, &log.requests, &allow, &copies);
     print!("{}", report.render(&log, since));
@@ -1192,6 +1271,46 @@ subjects: [{kind: ServiceAccount, name: prometheus, namespace: mon}]
         // subject to an undefined role is ignored.
         assert_eq!(r.grants.len(), 6, "{:#?}", r.grants);
         assert!(r.grants.iter().all(|g| g.sa == "op/ctrl"));
+    }
+
+    /// An OLM CSV's RBAC, judged as OLM installs it (issue 22: prove the
+    /// bundle's grants sufficient and no wider than OLM forces).
+    #[test]
+    fn a_csv_becomes_the_grants_olm_makes() {
+        let csv: Value = serde_yaml::from_str(
+            r#"
+spec:
+  install:
+    spec:
+      deployments:
+        - name: ctrl
+          spec: {template: {spec: {serviceAccountName: ctrl}}}
+      clusterPermissions:
+        - serviceAccountName: ctrl
+          rules: [{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, delete]}]
+      permissions:
+        - serviceAccountName: ctrl
+          rules: [{apiGroups: [""], resources: [configmaps], verbs: [get]}]
+"#,
+        )
+        .expect("csv");
+        let r = Rbac::from_objects(&csv_objects(&csv, "op").expect("objects")).expect("rbac");
+        assert_eq!(r.service_accounts, BTreeSet::from(["op/ctrl".to_string()]));
+        let grants: Vec<(String, Option<String>)> = r
+            .grants
+            .iter()
+            .map(|g| (g.verb.clone(), g.namespace.clone()))
+            .collect();
+        assert_eq!(
+            grants,
+            vec![
+                ("delete".to_string(), None),
+                ("get".to_string(), Some("op".to_string())),
+                ("get".to_string(), None),
+            ],
+            "{:#?}",
+            r.grants
+        );
     }
 
     #[test]
