@@ -27,9 +27,10 @@ unit-test: setup ## Unit tests only (no cluster needed)
 integration-test: setup cluster-up ## Integration tests against the local control plane
 	bash tests/run-tests.sh --integration-only
 
-lint: setup ## cargo fmt --check and clippy with -D warnings
+lint: setup ## cargo fmt --check, clippy with -D warnings, cargo machete (no unused dependency)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo machete
 
 fmt: ## Format the code
 	cargo fmt --all

@@ -24,13 +24,15 @@ MUSL_TARGET=x86_64-unknown-linux-musl
 
 # The requirements: KIND NAME PROBE WHY. KIND apt = a Debian package (PROBE: a
 # command it provides), target = a rustup target, component = a rustup
-# component, tool = installed by hand (PROBE: its command).
+# component, cargo = a crate's binary (cargo install --locked), tool =
+# installed by hand (PROBE: its command).
 REQS=(
   "tool|go|go|builds the local control plane (etcd, kube-apiserver, kwok, ...) from its Go modules; Go 1.26"
   "tool|rustup|rustup|the Rust toolchain manager (cargo, rustc, the musl target)"
   "target|$MUSL_TARGET|-|static binaries for the two images (make images)"
   "component|clippy|cargo-clippy|make lint"
   "component|rustfmt|rustfmt|make lint"
+  "cargo|cargo-machete|cargo-machete|make lint: no dependency declared and unused"
   "apt|musl-tools|musl-gcc|the C compiler ring needs for the musl target"
   "apt|jq|jq|reads JSON in the image and cluster scripts"
   "apt|file|file|checks the images' binaries are static"
@@ -111,6 +113,7 @@ for r in ${missing[@]+"${missing[@]}"}; do
     apt) apt_pkgs+=("$name") ;;
     target) rust_cmds+=("rustup target add $name") ;;
     component) rust_cmds+=("rustup component add $name") ;;
+    cargo) rust_cmds+=("cargo install --locked $name") ;;
     tool) case "$name" in
         go) hand+=("Go 1.26 from https://go.dev/dl (Debian's golang package is too old)") ;;
         rustup) hand+=("Rust with rustup from https://rustup.rs") ;;
@@ -173,6 +176,8 @@ for r in ${missing[@]+"${missing[@]}"}; do
       rustup target add "$(field "$r" 1)" 2>&1 | sed 's/^/[setup]   /' >&2 ;;
     component) say "rustup component add $(field "$r" 1): $(field "$r" 3)"
       rustup component add "$(field "$r" 1)" 2>&1 | sed 's/^/[setup]   /' >&2 ;;
+    cargo) say "cargo install --locked $(field "$r" 1): $(field "$r" 3) (builds it: a minute or two)"
+      cargo install --locked --quiet "$(field "$r" 1)" 2>&1 | sed 's/^/[setup]   /' >&2 ;;
   esac
 done
 still=()
