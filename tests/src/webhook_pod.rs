@@ -78,10 +78,16 @@ fn webhook_name(group: &str) -> String {
 /// Register the webhook at 127.0.0.1:`port` for NodeMaintenances whose name
 /// starts with `group` (configuration named `group`, labelled with it).
 pub async fn register_url(client: &Client, group: &str, port: u16, ca_bundle: &str) {
+    register_named(client, group, &webhook_name(group), port, ca_bundle).await;
+}
+
+/// [`register_url`] with the webhook itself named `name` (e.g. the
+/// manifests' own, so messages read as a cluster's would).
+pub async fn register_named(client: &Client, group: &str, name: &str, port: u16, ca_bundle: &str) {
     let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
         "metadata": {"name": group, "labels": {GROUP_KEY: group}},
         "webhooks": [{
-            "name": webhook_name(group),
+            "name": name,
             "admissionReviewVersions": ["v1"],
             "sideEffects": "None",
             "failurePolicy": "Fail",

@@ -48,7 +48,6 @@ use nmo_tests::fixtures::{GROUP_KEY, TestBed};
 use nmo_tests::process::Running;
 use nmo_tests::wait::{Poll, until};
 use serde_json::json;
-use shared::consts::WEBHOOK_PATH;
 use shared::{MaintenancePhase, NodeMaintenance};
 
 /// The guide, relative to the repository root.
@@ -962,35 +961,7 @@ impl Webhook {
 /// ValidatingWebhookConfiguration named `group` (as
 /// `webhook_pod::register_url`, whose `unregister` removes it).
 async fn register(client: &Client, group: &str, port: u16, ca_bundle: &str) {
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "metadata": {"name": group, "labels": {GROUP_KEY: group}},
-        "webhooks": [{
-            "name": WEBHOOK_NAME,
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "timeoutSeconds": 10,
-            "clientConfig": {
-                "url": format!("https://127.0.0.1:{port}{WEBHOOK_PATH}"),
-                "caBundle": ca_bundle,
-            },
-            "rules": [{
-                "apiGroups": ["nodemaintenance.medik8s.io"],
-                "apiVersions": ["v1beta1"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["nodemaintenances"],
-            }],
-            "matchConditions": [{
-                "name": "this-test-only",
-                "expression": format!("object.metadata.name.startsWith('{group}')"),
-            }],
-        }]
-    }))
-    .expect("ValidatingWebhookConfiguration JSON");
-    Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &vwc)
-        .await
-        .expect("ValidatingWebhookConfiguration created");
+    nmo_tests::webhook_pod::register_named(client, group, WEBHOOK_NAME, port, ca_bundle).await;
 }
 
 /// Wait until a dry-run create of a NodeMaintenance for `node` named
