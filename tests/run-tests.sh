@@ -91,7 +91,38 @@ KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tests --bin rbac-audit 
   --manifests manifests/components/force-drain/rbac.yaml \
   --audit-log "${NMO_CLUSTER_DIR:-$root/.cluster}/audit/audit.log" --since "$audit_since" \
   --allow tests/cluster/rbac-audit-allow.yaml --allow tests/cluster/rbac-audit-allow-olm.yaml \
+  --allow tests/cluster/rbac-audit-allow-olm-main-suite.yaml \
   --namespace-copy 'nmo-system-*=nmo-system' || rc=$?
+
+echo "== the services under the OLM bundle's RBAC: part of the suite run again, and audited"
+# NMO_TEST_RBAC=bundle: the tests give the operator's ServiceAccounts what
+# the CSV grants (as OLM installs it, tests/src/olm.rs) instead of
+# manifests/' RBAC, whose bindings they remove. Namespace medik8s-leases is
+# deleted first (a bundle does not ship it): the first maintenance's
+# controller must create it. These test files together use every grant of
+# the bundle; the audit fails on a forbidden answer and on a grant unused or
+# wider than its use unless tests/cluster/rbac-audit-allow-olm.yaml gives
+# the reason OLM forces it.
+csv=bundle/manifests/node-maintenance-operator-rs.clusterserviceversion.yaml
+K delete namespace medik8s-leases --ignore-not-found --wait=true --timeout=120s
+bundle_since="$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)"
+export NMO_TEST_RBAC=bundle
+cargo test -p nmo-tests --test controller -- --exact full_cycle_drains_the_node_and_restores_it_exactly || rc=$?
+cargo test -p nmo-tests --no-fail-fast --test controller --test lease --test webhook \
+  --test webhook_warnings --test drain_timeout --test drain_parity --test kubevirt \
+  --test metrics_auth --test deployments -- --test-threads="${NMO_TEST_THREADS:-4}" || rc=$?
+unset NMO_TEST_RBAC
+KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tests --bin rbac-audit -- \
+  --csv "$csv" --manifests manifests/components/force-drain/rbac.yaml \
+  --audit-log "${NMO_CLUSTER_DIR:-$root/.cluster}/audit/audit.log" --since "$bundle_since" \
+  --allow tests/cluster/rbac-audit-allow.yaml --allow tests/cluster/rbac-audit-allow-olm.yaml \
+  --namespace-copy 'nmo-system-*=nmo-system' || rc=$?
+# The bundle's bindings go (the tests remove them too when they install
+# manifests/' RBAC): make demo's services get manifests/' grants only.
+for sa in $(sed -n 's/^ *\(- \)\{0,1\}serviceAccountName: *//p' "$csv" | sort -u); do
+  K delete clusterrolebinding "nmo-olm-$sa" --ignore-not-found >/dev/null
+  K -n nmo-system delete rolebinding "nmo-olm-$sa" --ignore-not-found >/dev/null
+done
 
 echo "== restart tests: kube-apiserver and etcd SIGKILLed and started again under the services"
 # tests/tests/restarts.rs restarts the shared plane, so its tests are

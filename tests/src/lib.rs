@@ -8,6 +8,7 @@ pub mod deployment;
 pub mod fixtures;
 pub mod image;
 pub mod manifests;
+pub mod olm;
 pub mod plane;
 pub mod process;
 pub mod scale;

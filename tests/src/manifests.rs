@@ -55,11 +55,58 @@ pub async fn apply_file(client: &Client, rel: &str) -> anyhow::Result<()> {
         .with_context(|| format!("applying {}", path.display()))
 }
 
+/// Whose RBAC the operator's service accounts get in the tests:
+/// manifests/' (the default) or, with `NMO_TEST_RBAC=bundle`, what the OLM
+/// bundle grants (tests/src/olm.rs). `make test` runs a part of the suite the
+/// second way and audits it against the CSV (tests/run-tests.sh).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RbacSource {
+    Manifests,
+    Bundle,
+}
+
+/// The environment variable that picks the [`RbacSource`].
+pub const RBAC_ENV: &str = "NMO_TEST_RBAC";
+
+/// The [`RbacSource`] this run uses.
+pub fn rbac_source() -> anyhow::Result<RbacSource> {
+    match std::env::var(RBAC_ENV).as_deref() {
+        Err(_) | Ok("") | Ok("manifests") => Ok(RbacSource::Manifests),
+        Ok("bundle") => Ok(RbacSource::Bundle),
+        Ok(other) => anyhow::bail!(
+            "{RBAC_ENV}={other:?}: expected `manifests` (the default) or `bundle` (the OLM bundle's RBAC)"
+        ),
+    }
+}
+
+/// The controller's main ClusterRole under the [`RbacSource`] in use, for a
+/// test that binds a service account of its own to it.
+pub fn controller_cluster_role() -> anyhow::Result<String> {
+    Ok(match rbac_source()? {
+        RbacSource::Manifests => "nmo-controller".to_string(),
+        RbacSource::Bundle => format!("{}nmo-controller", crate::olm::NAME_PREFIX),
+    })
+}
+
+/// The operator's own RBAC in manifests/: what `NMO_TEST_RBAC=bundle`
+/// replaces with the bundle's (their ServiceAccounts stay).
+const OPERATOR_RBAC: &[&str] = &[
+    "manifests/controller/rbac.yaml",
+    "manifests/controller/node-leases.yaml",
+    "manifests/webhook/rbac.yaml",
+    "manifests/overlays/openshift/webhook-etcd-rbac.yaml",
+];
+
 /// The CRD, namespace nmo-system and the given RBAC files, then wait for the
 /// bindings to take effect and the CRD to be established. Tests running in
 /// parallel apply the same objects at the same moment and can get a
-/// conflict: each apply is retried until it holds.
+/// conflict: each apply is retried until it holds. Under
+/// `NMO_TEST_RBAC=bundle` the operator's files ([`OPERATOR_RBAC`]) give only
+/// their ServiceAccounts and the bundle's RBAC is applied instead; either
+/// way the other source's bindings are removed first, so the services run
+/// under one of them only.
 pub async fn install_prereqs(client: &Client, rbac_files: &[&str]) -> anyhow::Result<()> {
+    let source = rbac_source()?;
     let mut docs = vec![
         (
             "the NodeMaintenance CRD".to_string(),
@@ -70,9 +117,22 @@ pub async fn install_prereqs(client: &Client, rbac_files: &[&str]) -> anyhow::Re
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: nmo-system\n".to_string(),
         ),
     ];
+    let mut bundle = false;
     for f in rbac_files {
-        docs.push((f.to_string(), read(f)?));
+        if source == RbacSource::Bundle && OPERATOR_RBAC.contains(f) {
+            bundle = true;
+            let accounts = keep_kinds(&read(f)?, &["ServiceAccount"])?;
+            if !accounts.is_empty() {
+                docs.push((format!("{f}: its ServiceAccounts"), accounts));
+            }
+        } else {
+            docs.push((f.to_string(), read(f)?));
+        }
     }
+    if bundle {
+        docs.push(bundle_rbac_doc()?);
+    }
+    remove_other_rbac(client, source).await?;
     for (what, yaml) in &docs {
         apply_until_it_holds(client, what, yaml).await?;
     }
@@ -80,6 +140,88 @@ pub async fn install_prereqs(client: &Client, rbac_files: &[&str]) -> anyhow::Re
         wait_bindings_effective(client, what, yaml).await?;
     }
     wait_crd_established(client).await
+}
+
+/// The bundle's RBAC for an install in nmo-system, as a document to apply.
+fn bundle_rbac_doc() -> anyhow::Result<(String, String)> {
+    let objects = crate::olm::bundle_rbac(shared::namespace::DEFAULT_NAMESPACE)?;
+    Ok((
+        format!(
+            "the OLM bundle's RBAC ({RBAC_ENV}=bundle, {})",
+            crate::olm::CSV
+        ),
+        crate::olm::to_yaml(&objects)?,
+    ))
+}
+
+/// The documents of `yaml` whose kind is one of `kinds`.
+fn keep_kinds(yaml: &str, kinds: &[&str]) -> anyhow::Result<String> {
+    let mut kept = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let v = serde_yaml::Value::deserialize(doc)?;
+        if v.get("kind")
+            .and_then(|k| k.as_str())
+            .is_some_and(|k| kinds.contains(&k))
+        {
+            kept.push(v);
+        }
+    }
+    crate::olm::to_yaml(&kept)
+}
+
+/// Delete the bindings of the RBAC source not in use: the bundle's
+/// (`nmo-olm-*`) under manifests/, the manifests' operator bindings under
+/// the bundle. A run of one leaves the other's grants behind otherwise, and
+/// the services would run with both.
+async fn remove_other_rbac(client: &Client, source: RbacSource) -> anyhow::Result<()> {
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+    let mut yaml = String::new();
+    match source {
+        RbacSource::Manifests => yaml = bundle_rbac_doc()?.1,
+        RbacSource::Bundle => {
+            for f in OPERATOR_RBAC {
+                yaml.push_str("\n---\n");
+                yaml.push_str(&read(f)?);
+            }
+        }
+    }
+    for doc in serde_yaml::Deserializer::from_str(&yaml) {
+        let v = serde_yaml::Value::deserialize(doc)?;
+        let meta = |k: &str| {
+            v.get("metadata")
+                .and_then(|m| m.get(k))
+                .and_then(|x| x.as_str())
+                .map(str::to_string)
+        };
+        let (Some(name), kind) = (meta("name"), v.get("kind").and_then(|k| k.as_str())) else {
+            continue;
+        };
+        let dp = kube::api::DeleteParams::default();
+        let gone = match (kind, meta("namespace")) {
+            (Some("ClusterRoleBinding"), _) => Api::<ClusterRoleBinding>::all(client.clone())
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+            (Some("RoleBinding"), Some(ns)) => Api::<RoleBinding>::namespaced(client.clone(), &ns)
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+            _ => continue,
+        };
+        match gone {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "removing {} {name} (the RBAC source not in use, {RBAC_ENV}={source:?})",
+                        kind.unwrap_or_default()
+                    )
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Apply `yaml`, retrying for 30 s (parallel tests apply the same objects).
@@ -241,11 +383,18 @@ pub async fn install_controller_prereqs(client: &Client) -> anyhow::Result<()> {
 
 /// The webhook's Role in openshift-etcd (overlays/openshift), once that
 /// namespace exists; returns when the authorizer applies it.
+/// Under `NMO_TEST_RBAC=bundle`, the bundle's RBAC (it grants the same
+/// cluster-wide).
 pub async fn install_webhook_openshift_rbac(client: &Client) -> anyhow::Result<()> {
     let rel = "manifests/overlays/openshift/webhook-etcd-rbac.yaml";
-    let yaml = read(rel)?;
-    apply_until_it_holds(client, rel, &yaml).await?;
-    wait_bindings_effective(client, rel, &yaml).await
+    let source = rbac_source()?;
+    let (what, yaml) = match source {
+        RbacSource::Manifests => (rel.to_string(), read(rel)?),
+        RbacSource::Bundle => bundle_rbac_doc()?,
+    };
+    remove_other_rbac(client, source).await?;
+    apply_until_it_holds(client, &what, &yaml).await?;
+    wait_bindings_effective(client, &what, &yaml).await
 }
 
 /// Names of a test's private copy of the operator's namespace:
@@ -263,7 +412,11 @@ pub const OPERATOR_NAMESPACE_COPY_PREFIX: &str = "nmo-system-";
 /// test's group; [`delete_operator_namespace_copy`] removes it.
 pub async fn operator_namespace_copy(client: &Client, group: &str) -> anyhow::Result<String> {
     let ns = format!("{OPERATOR_NAMESPACE_COPY_PREFIX}{group}");
-    let rendered = crate::deployment::render("base")?;
+    // The Roles of nmo-system: manifests/base's, or the bundle's `permissions`.
+    let rendered = match rbac_source()? {
+        RbacSource::Manifests => crate::deployment::render("base")?,
+        RbacSource::Bundle => bundle_rbac_doc()?.1,
+    };
     let mut yaml = format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n    {}: {group}\n",
         crate::fixtures::GROUP_KEY
@@ -288,7 +441,8 @@ pub async fn operator_namespace_copy(client: &Client, group: &str) -> anyhow::Re
     }
     anyhow::ensure!(
         copied > 0,
-        "manifests/base renders no Role or RoleBinding in namespace nmo-system to copy into {ns}"
+        "no Role or RoleBinding in namespace nmo-system to copy into {ns} ({RBAC_ENV}={:?})",
+        rbac_source()?
     );
     let what = format!("the nmo-system Roles copied into {ns}");
     apply_until_it_holds(client, &what, &yaml).await?;

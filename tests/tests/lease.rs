@@ -318,6 +318,8 @@ async fn lease_namespace_from_the_environment_is_created_when_missing() {
     let group = env.bed.group.clone();
     let sa_ns = env.bed.namespace.clone();
     let lease_ns = format!("{group}-leases");
+    let controller_role =
+        nmo_tests::manifests::controller_cluster_role().unwrap_or_else(|e| panic!("{e:#}"));
     let rbac = format!(
         r#"
 apiVersion: v1
@@ -344,7 +346,7 @@ subjects: [{{kind: ServiceAccount, name: lease-ns-controller, namespace: {sa_ns}
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
 metadata: {{name: {group}-controller}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nmo-controller}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {controller_role}}}
 subjects: [{{kind: ServiceAccount, name: lease-ns-controller, namespace: {sa_ns}}}]
 "#
     );

@@ -83,24 +83,17 @@ struct Args {
 }
 
 /// The RBAC objects OLM creates from a ClusterServiceVersion installed in
-/// `namespace` (one ClusterRole and binding per `clusterPermissions` entry,
-/// one Role and binding per `permissions` entry), plus a Deployment per
-/// install deployment so its ServiceAccount is judged.
+/// `namespace` (nmo_tests::olm::rbac_objects), plus a Deployment per install
+/// deployment so its ServiceAccount is judged.
 fn csv_objects(csv: &Value, namespace: &str) -> anyhow::Result<Vec<Value>> {
-    let install = csv
-        .get("spec")
-        .and_then(|s| s.get("install"))
-        .and_then(|i| i.get("spec"))
-        .context("the CSV has no spec.install.spec")?;
-    let list = |key: &str| -> Vec<Value> {
-        install
-            .get(key)
-            .and_then(Value::as_sequence)
-            .cloned()
-            .unwrap_or_default()
-    };
+    let install = nmo_tests::olm::install_spec(csv)?;
     let mut out = Vec::new();
-    for d in list("deployments") {
+    for d in install
+        .get("deployments")
+        .and_then(Value::as_sequence)
+        .cloned()
+        .unwrap_or_default()
+    {
         let name = get_str(&d, &["name"]).context("a CSV deployment without a name")?;
         let spec = d.get("spec").cloned().unwrap_or(Value::Null);
         out.push(serde_yaml::from_str::<Value>(&format!(
@@ -110,34 +103,7 @@ fn csv_objects(csv: &Value, namespace: &str) -> anyhow::Result<Vec<Value>> {
             last.insert("spec".into(), Value::Mapping(spec));
         }
     }
-    for (key, cluster) in [("clusterPermissions", true), ("permissions", false)] {
-        for (i, p) in list(key).iter().enumerate() {
-            let sa = get_str(p, &["serviceAccountName"])
-                .with_context(|| format!("CSV {key}[{i}] without serviceAccountName"))?;
-            let rules = p.get("rules").cloned().unwrap_or(Value::Sequence(vec![]));
-            let (role_kind, binding_kind) = if cluster {
-                ("ClusterRole", "ClusterRoleBinding")
-            } else {
-                ("Role", "RoleBinding")
-            };
-            let name = format!("olm-{key}-{sa}");
-            let meta = if cluster {
-                format!("{{name: {name}}}")
-            } else {
-                format!("{{name: {name}, namespace: {namespace}}}")
-            };
-            let mut role: Value =
-                serde_yaml::from_str(&format!("{{kind: {role_kind}, metadata: {meta}}}"))?;
-            if let Value::Mapping(m) = &mut role {
-                m.insert("rules".into(), rules);
-            }
-            out.push(role);
-            out.push(serde_yaml::from_str(&format!(
-                "{{kind: {binding_kind}, metadata: {meta}, roleRef: {{kind: {role_kind}, name: {name}}}, \
-                 subjects: [{{kind: ServiceAccount, name: {sa}, namespace: {namespace}}}]}}"
-            ))?);
-        }
-    }
+    out.extend(nmo_tests::olm::rbac_objects(csv, namespace)?);
     Ok(out)
 }
 
