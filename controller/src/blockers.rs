@@ -69,6 +69,13 @@ impl WatchedNodes {
     pub fn contains(&self, node: &str) -> bool {
         self.lock().contains(node)
     }
+    /// How many nodes' pod departures are watched.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     fn set(&self, node: &str, watched: bool) {
         if watched {
             self.lock().insert(node.to_string());

@@ -7,7 +7,7 @@
 //! Also `OwnWrites`: read-your-writes over a watch cache that lags.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shared::NodeMaintenance;
@@ -34,6 +34,15 @@ impl ConflictStreaks {
         delay(*n)
     }
 
+    /// How many NodeMaintenances have a streak.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The last reconcile of `name` did not end in a conflict.
     pub fn clear(&self, name: &str) {
         self.0
@@ -52,9 +61,11 @@ impl ConflictStreaks {
 /// nothing but our writes happened since: the object our last write returned
 /// is the current one, and no request is needed. A cached copy at any other
 /// version (someone else wrote) is read live. One entry per object we wrote;
-/// it goes once the cache caught up.
-#[derive(Default)]
-pub struct OwnWrites(Mutex<HashMap<String, Written>>);
+/// it goes once the cache caught up: when a reconcile reads it, or when the
+/// watch delivers it ([`OwnWrites::seen`]; a status-only change triggers no
+/// reconcile, and after Failed none may come at all).
+#[derive(Clone, Default)]
+pub struct OwnWrites(Arc<Mutex<HashMap<String, Written>>>);
 
 struct Written {
     /// The versions our writes replaced, oldest first (a chain of writes
@@ -115,6 +126,30 @@ impl OwnWrites {
         Current::ReadLive
     }
 
+    /// How many NodeMaintenances have a write the cache has not shown yet.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The watch cache now holds `nm`: if that is our last write, the cache
+    /// caught up and nothing is left to bridge.
+    pub fn seen(&self, nm: &NodeMaintenance) {
+        let Some(name) = nm.metadata.name.as_deref() else {
+            return;
+        };
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if m.get(name).is_some_and(|w| {
+            nm.metadata.resource_version.is_some()
+                && w.latest.metadata.resource_version == nm.metadata.resource_version
+        }) {
+            m.remove(name);
+        }
+    }
+
     /// The object is gone, or a live read replaced what we knew.
     pub fn forget(&self, name: &str) {
         self.0
@@ -163,6 +198,18 @@ mod tests {
             }
             Current::ReadLive => "live".into(),
         }
+    }
+
+    #[test]
+    fn the_watch_showing_our_last_write_ends_the_entry() {
+        let w = OwnWrites::default();
+        w.wrote("a", Some("5"), &nm("7"));
+        w.seen(&nm("5"));
+        assert_eq!(w.len(), 1, "an older copy: still ahead of the cache");
+        assert_eq!(rv(w.current("a", Some("5"))), "ours 7");
+        w.seen(&nm("7"));
+        assert!(w.is_empty(), "the cache caught up");
+        assert_eq!(rv(w.current("a", Some("7"))), "cached");
     }
 
     #[test]

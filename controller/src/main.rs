@@ -38,9 +38,38 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let (store, writer) = reflector::store();
     let gate = readiness.gate("NodeMaintenance cache");
     let selector = &cfg.nodemaintenance_selector;
-    let (nms, relisted) =
-        watches::nodemaintenances(client.clone(), selector, writer, gate, metrics.clone());
     let ctx = Arc::new(Ctx::new(&cfg, clients, store.clone(), metrics, &leadership));
+    let (nms, relisted) = watches::nodemaintenances(
+        client.clone(),
+        selector,
+        writer,
+        gate,
+        ctx.metrics.clone(),
+        {
+            let ctx = Arc::downgrade(&ctx);
+            move |nm: &shared::NodeMaintenance| {
+                if let Some(ctx) = ctx.upgrade() {
+                    ctx.cache_saw(nm);
+                }
+            }
+        },
+        {
+            let ctx = Arc::downgrade(&ctx);
+            move |name: &str| {
+                if let Some(ctx) = ctx.upgrade() {
+                    ctx.forget_maintenance(name);
+                }
+            }
+        },
+    );
+    let kept = Arc::downgrade(&ctx);
+    ctx.metrics
+        .register_kept_entries(move || {
+            kept.upgrade()
+                .map(|c| c.kept_entries().to_vec())
+                .unwrap_or_default()
+        })
+        .context("registering nmo_controller_kept_entries")?;
     let stop = readiness.fail_after(signals.requested());
     let (queue, limit) = (ctx.metrics.queue.clone(), MAX_CONCURRENT_RECONCILES);
     ctx.metrics.set_max_concurrent_reconciles(limit.into());

@@ -97,6 +97,28 @@ impl ReconcileResult {
     }
 }
 
+/// The collector behind [`Metrics::register_kept_entries`].
+struct KeptEntries {
+    gauge: IntGaugeVec,
+    #[allow(clippy::type_complexity)]
+    sample: Box<dyn Fn() -> Vec<(&'static str, usize)> + Send + Sync>,
+}
+
+impl prometheus::core::Collector for KeptEntries {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.gauge.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        for (store, n) in (self.sample)() {
+            self.gauge
+                .with_label_values(&[store])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.gauge.collect()
+    }
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
@@ -249,6 +271,25 @@ impl Metrics {
         self.leader
             .with_label_values(&[name])
             .set(i64::from(leading));
+    }
+
+    /// `nmo_controller_kept_entries{store}`: what the reconciler keeps in
+    /// memory per maintenance or node, sampled by `sample` at each scrape.
+    /// Each store goes back to 0 once none of this controller's maintenances
+    /// is left; one that only grows is a leak.
+    pub fn register_kept_entries(
+        &self,
+        sample: impl Fn() -> Vec<(&'static str, usize)> + Send + Sync + 'static,
+    ) -> Result<(), prometheus::Error> {
+        let gauge = gauge(
+            "nmo_controller_kept_entries",
+            "Entries the controller keeps in memory per NodeMaintenance or node, by store",
+            &["store"],
+        )?;
+        self.registry.register(Box::new(KeptEntries {
+            gauge,
+            sample: Box::new(sample),
+        }))
     }
 
     /// `controller_runtime_max_concurrent_reconciles`: how many reconciles the
@@ -778,6 +819,37 @@ mod tests {
             value(
                 &text,
                 &format!("controller_runtime_reconcile_time_seconds_count{{{c}}}")
+            ),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn kept_entries_are_sampled_at_each_scrape() {
+        let m = Metrics::new().expect("metrics");
+        let n = Arc::new(std::sync::atomic::AtomicUsize::new(3));
+        let seen = n.clone();
+        m.register_kept_entries(move || {
+            vec![
+                ("node_cache", seen.load(std::sync::atomic::Ordering::SeqCst)),
+                ("own_writes", 0),
+            ]
+        })
+        .expect("register");
+        let text = render(&m);
+        assert_eq!(
+            value(&text, r#"nmo_controller_kept_entries{store="node_cache"}"#),
+            Some(3.0)
+        );
+        assert_eq!(
+            value(&text, r#"nmo_controller_kept_entries{store="own_writes"}"#),
+            Some(0.0)
+        );
+        n.store(0, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            value(
+                &render(&m),
+                r#"nmo_controller_kept_entries{store="node_cache"}"#
             ),
             Some(0.0)
         );

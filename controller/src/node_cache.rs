@@ -33,9 +33,6 @@ struct Entry {
     /// The resourceVersion our last patch of the node returned, until the
     /// watch delivered that version.
     own_write: Option<String>,
-    /// The maintenance that asked for it ended: dropped once nothing of
-    /// ours is pending on it.
-    retired: bool,
     /// The watch saw the node deleted (`node` is its last version): a
     /// tombstone, so a live read that raced the delete cannot put the node
     /// back (a reconcile would then never see it gone). Only a later
@@ -120,7 +117,6 @@ impl NodeCache {
         if e.deleted {
             return None;
         }
-        e.retired = false;
         Some(e.node.clone())
     }
 
@@ -143,15 +139,17 @@ impl NodeCache {
         let mut m = self.lock();
         match m.get_mut(&name) {
             Some(e) => {
+                // The watch may deliver our write before the patch's answer
+                // gets here: then nothing of it is pending.
+                let delivered = !e.deleted && rv(&e.node) == written.as_deref();
                 if !replaces(e, &node) {
                     return;
                 }
                 e.node = node;
                 e.deleted = false;
-                if ours {
+                if ours && !delivered {
                     e.own_write = written;
                 }
-                e.retired = false;
             }
             None => {
                 m.insert(
@@ -159,7 +157,6 @@ impl NodeCache {
                     Entry {
                         node,
                         own_write: if ours { written } else { None },
-                        retired: false,
                         deleted: false,
                     },
                 );
@@ -172,17 +169,12 @@ impl NodeCache {
         self.lock().remove(name);
     }
 
-    /// The maintenance of node `name` is over: drop it once the watch
-    /// delivered our last write (so that write still wakes nothing).
+    /// The maintenance of node `name` is over: drop it. The echo of our
+    /// last write, if still on its way, then wakes the maintenances naming
+    /// the node, if any: a reconcile with nothing to do, where waiting for
+    /// an echo that may already have passed would keep the entry forever.
     pub fn retire(&self, name: &str) {
-        let mut m = self.lock();
-        if let Some(e) = m.get_mut(name) {
-            if e.own_write.is_none() || e.deleted {
-                m.remove(name);
-            } else {
-                e.retired = true;
-            }
-        }
+        self.lock().remove(name);
     }
 
     /// Retire every node that no maintenance in `named` names (their
@@ -221,9 +213,6 @@ impl NodeCache {
                     if older(e.own_write.as_deref(), seen) {
                         e.own_write = None;
                     }
-                    if e.retired && e.own_write.is_none() {
-                        m.remove(name);
-                    }
                 }
             }
             watcher::Event::Delete(v) => {
@@ -236,9 +225,6 @@ impl NodeCache {
                         e.node = from_view(v);
                         e.deleted = true;
                         e.own_write = None;
-                        if e.retired {
-                            m.remove(name);
-                        }
                     }
                 }
             }
@@ -262,19 +248,15 @@ impl NodeCache {
             return false;
         }
         e.own_write = None;
-        if e.retired {
-            m.remove(name);
-        }
         true
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// How many nodes are cached.
+    pub fn len(&self) -> usize {
         self.lock().len()
     }
 
-    #[cfg(test)]
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
@@ -351,10 +333,22 @@ mod tests {
         assert!(!c.is_own_echo(&view("10", true)), "someone else's change");
 
         // An echo the node watch's filter swallowed is over once a later
-        // version arrives, so a retired entry still goes.
+        // version arrives.
         c.wrote(&node("11", true));
-        c.retire("w1");
         c.observe(&watcher::Event::Apply(view("12", true)));
+        assert!(!c.is_own_echo(&view("11", true)));
+    }
+
+    /// The watch delivered our patch (version 8) before the patch's answer
+    /// reached the cache: nothing is pending, so retiring drops the entry
+    /// at once (it used to wait for an echo that had already passed).
+    #[test]
+    fn our_write_seen_by_the_watch_first_is_not_pending() {
+        let c = NodeCache::default();
+        c.put(&node("7", false));
+        c.observe(&watcher::Event::Apply(view("8", true)));
+        c.wrote(&node("8", true));
+        c.retire("w1");
         assert!(c.is_empty());
     }
 
@@ -407,13 +401,13 @@ mod tests {
 
         c.wrote(&node("6", false));
         c.retire("w1");
-        assert_eq!(c.len(), 1, "kept until the echo of our write");
-        assert!(c.is_own_echo(&view("6", false)));
-        assert!(c.is_empty());
+        assert!(
+            c.is_empty(),
+            "gone even with the echo of our write on its way (it may have passed)"
+        );
+        assert!(!c.is_own_echo(&view("6", false)), "then it wakes: harmless");
 
         c.wrote(&node("7", false));
-        c.retire("w1");
-        assert!(c.get("w1").is_some(), "a new maintenance reads it: kept");
         c.forget("w1");
         assert!(c.is_empty());
 

@@ -84,6 +84,19 @@ impl NodeLeases {
         self.ours().insert(name.to_string(), lease);
     }
 
+    /// Drop our last write of the lease of every node not in `named` (its
+    /// maintenance went without our release, e.g. a finalizer removed by
+    /// someone else). The lease itself stays until it expires.
+    pub fn forget_unnamed(&self, named: &std::collections::HashSet<String>) {
+        let keep: std::collections::HashSet<String> = named.iter().map(|n| lease_name(n)).collect();
+        self.ours().retain(|lease, _| keep.contains(lease));
+    }
+
+    /// How many leases we hold a last write of.
+    pub fn kept(&self) -> usize {
+        self.ours().len()
+    }
+
     fn ours(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Lease>> {
         self.ours.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -109,6 +109,12 @@ impl Error {
         }
     }
 
+    /// The NodeMaintenance itself is gone (HTTP 404 on it): someone removed
+    /// its finalizer while we worked on it.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, Error::NodeMaintenance { source: kube::Error::Api(s), .. } if s.code == 404)
+    }
+
     /// Label for the error metric and logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -156,6 +162,8 @@ impl Ctx {
     /// what was kept for it, and the cached nodes no maintenance names.
     pub fn forget_maintenance(&self, name: &str) {
         self.own_writes.forget(name);
+        self.conflicts.clear(name);
+        self.admissions.forget(name);
         let named: std::collections::HashSet<String> = self
             .store
             .state()
@@ -163,6 +171,7 @@ impl Ctx {
             .map(|nm| nm.spec.node_name.clone())
             .collect();
         self.node_cache.retire_unnamed(&named);
+        self.leases.forget_unnamed(&named);
     }
 
     pub fn new(
@@ -191,6 +200,43 @@ impl Ctx {
             allow_force_drain: cfg.allow_force_drain,
             admissions: slots::Admissions::default(),
         }
+    }
+
+    /// We wrote NodeMaintenance `name` from version `based_on` and got
+    /// `written` back. The watch may have delivered it already (then
+    /// [`Ctx::cache_saw`] found nothing to drop): the cache decides.
+    fn wrote(&self, name: &str, based_on: Option<&str>, written: &NodeMaintenance) {
+        self.own_writes.wrote(name, based_on, written);
+        if let Some(cached) = self
+            .store
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+        {
+            self.own_writes.seen(&cached);
+        }
+    }
+
+    /// The NodeMaintenance watch delivered `nm` (the cache holds it now):
+    /// drop what only bridged the cache's lag.
+    pub fn cache_saw(&self, nm: &NodeMaintenance) {
+        self.own_writes.seen(nm);
+        self.admissions.seen(
+            &nm.name_any(),
+            nm.status.as_ref().and_then(|s| s.phase.as_ref()),
+        );
+    }
+
+    /// What this process keeps in memory per maintenance or node, by store
+    /// (`nmo_controller_kept_entries`): each goes back to 0 once no
+    /// maintenance of this controller is left.
+    pub fn kept_entries(&self) -> [(&'static str, usize); 6] {
+        [
+            ("node_cache", self.node_cache.len()),
+            ("own_writes", self.own_writes.len()),
+            ("conflict_streaks", self.conflicts.len()),
+            ("node_leases", self.leases.kept()),
+            ("departures_watched", self.departures_watched.len()),
+            ("admissions", self.admissions.len()),
+        ]
     }
 
     fn nms(&self) -> Api<NodeMaintenance> {
@@ -269,6 +315,17 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
             record_panic(&ctx, &nm, &text).await;
             Err(Error::Panicked(text))
         }
+    };
+    let result = match result {
+        // Gone under us: nothing to retry, and what this reconcile kept for
+        // it (a node it just patched) goes now.
+        Err(e) if e.is_gone() => {
+            tracing::info!(nodemaintenance = %name, node = %nm.spec.node_name, error = %e,
+                "NodeMaintenance gone while reconciled (its finalizer removed by someone else): nothing more to do");
+            ctx.forget_maintenance(&name);
+            Ok(None)
+        }
+        other => other,
     };
     if !matches!(&result, Err(e) if e.is_conflict()) {
         ctx.conflicts.clear(&name);
@@ -482,7 +539,7 @@ async fn patch_metadata(
             source,
         })?;
     shared::lean::forget_managed_fields(&mut written.metadata);
-    ctx.own_writes.wrote(&name, based_on.as_deref(), &written);
+    ctx.wrote(&name, based_on.as_deref(), &written);
     Ok(written)
 }
 
@@ -553,8 +610,7 @@ async fn write_status(
             source,
         })?;
     shared::lean::forget_managed_fields(&mut nm.metadata);
-    ctx.own_writes
-        .wrote(&nm.name_any(), based_on.as_deref(), nm);
+    ctx.wrote(&nm.name_any(), based_on.as_deref(), nm);
     if new.phase == Some(shared::MaintenancePhase::Failed)
         && old.phase != Some(shared::MaintenancePhase::Failed)
     {

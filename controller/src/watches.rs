@@ -35,6 +35,8 @@ pub fn nodemaintenances(
     writer: reflector::store::Writer<NodeMaintenance>,
     synced: Gate,
     metrics: Metrics,
+    saw: impl Fn(&NodeMaintenance) + Send + Sync + 'static,
+    gone: impl Fn(&str) + Send + Sync + 'static,
 ) -> (
     impl Stream<Item = Result<NodeMaintenance, watcher::Error>> + Send + 'static,
     UnboundedReceiver<()>,
@@ -52,6 +54,15 @@ pub fn nodemaintenances(
         .inspect(move |event| {
             on_nodemaintenance_event(event, &synced, &relisted_tx);
             gauges_follow(event, &store, &metrics);
+            // What the reconciler kept until the cache caught up ends here
+            // too: status-only changes trigger no reconcile (the predicate
+            // below), so none would read them.
+            match event {
+                Ok(watcher::Event::Apply(nm) | watcher::Event::InitApply(nm)) => saw(nm),
+                // Gone, whoever removed its finalizer: nothing kept for it.
+                Ok(watcher::Event::Delete(nm)) => gone(&nm.name_any()),
+                _ => {}
+            }
         })
         .applied_objects()
         .predicate_filter(

@@ -130,6 +130,37 @@ pub struct Admissions {
 }
 
 impl Admissions {
+    /// How many admissions of this process the cache does not show yet.
+    pub fn len(&self) -> usize {
+        self.decided.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cache shows NodeMaintenance `name` in `phase`: once that is
+    /// admitted or failed, the cache decides for it and our record goes
+    /// (after Failed no decision may come to drop it otherwise).
+    pub fn seen(&self, name: &str, phase: Option<&MaintenancePhase>) {
+        if matches!(
+            phase,
+            Some(
+                MaintenancePhase::Running | MaintenancePhase::Succeeded | MaintenancePhase::Failed
+            )
+        ) {
+            self.forget(name);
+        }
+    }
+
+    /// NodeMaintenance `name` is gone: its admission is no longer counted.
+    pub fn forget(&self, name: &str) {
+        self.decided
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(n, _)| n != name);
+    }
+
     /// [`decide`] for `me` over `all` (the cache), with this process's own
     /// admissions counted; an admission of `me` is recorded before it is
     /// returned.
@@ -350,6 +381,24 @@ mod tests {
             admissions.decide(&b, std::slice::from_ref(&b), 1),
             SlotDecision::Admitted
         );
+    }
+
+    #[test]
+    fn a_gone_maintenance_leaves_no_admission_behind() {
+        let a = e("zeta", "n1", "2026-12-03T12:00:00Z", None);
+        let admissions = Admissions::default();
+        admissions.decide(&a, std::slice::from_ref(&a), 1);
+        assert_eq!(admissions.len(), 1);
+        admissions.forget("other");
+        assert_eq!(admissions.len(), 1);
+        admissions.forget("zeta");
+        assert!(admissions.is_empty());
+
+        admissions.decide(&a, std::slice::from_ref(&a), 1);
+        admissions.seen("zeta", Some(&MaintenancePhase::Pending));
+        assert_eq!(admissions.len(), 1, "the cache does not show it yet");
+        admissions.seen("zeta", Some(&MaintenancePhase::Failed));
+        assert!(admissions.is_empty(), "the cache shows it decided");
     }
 
     /// The same race for one node: the later-decided one with the smaller

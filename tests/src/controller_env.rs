@@ -91,6 +91,22 @@ impl ControllerEnv {
         pod
     }
 
+    /// Replace the environment's controller with one serving /metrics over
+    /// plain HTTP (the secure default is tested in metrics_auth.rs); returns
+    /// the local metrics port. Torn down (its log shown on failure) with the
+    /// environment.
+    pub async fn plain_metrics_controller(&mut self) -> u16 {
+        if let Some(mut c) = self.ctrl.take() {
+            c.proc.kill();
+        }
+        let pod = self
+            .spawn_controller(&["--metrics-secure=false".to_string()])
+            .await;
+        let port = pod.flag_port("metrics-bind-address").expect("metrics port");
+        self.ctrl = Some(pod);
+        port
+    }
+
     pub async fn start_controller(&mut self) {
         self.ctrl = Some(self.spawn_controller(&[]).await);
     }

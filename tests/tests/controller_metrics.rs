@@ -162,16 +162,7 @@ fn missing_after_one_maintenance(text: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_series_count_one_maintenance() {
     let mut env = Env::new("nm-metrics", 1).await;
-    // This test drives its own controller, with plain-HTTP metrics.
-    if let Some(mut c) = env.ctrl.take() {
-        c.proc.kill();
-    }
-    let pod = env
-        .spawn_controller(&["--metrics-secure=false".to_string()])
-        .await;
-    let port = pod.flag_port("metrics-bind-address").expect("metrics port");
-    // Torn down (and its log shown on failure) with the environment.
-    env.ctrl = Some(pod);
+    let port = env.plain_metrics_controller().await;
 
     let target = env.node_in_maintenance().await;
     let name = env.n("a");
@@ -246,4 +237,113 @@ fn the_text_parser_reads_labels_and_sums() {
     assert_eq!(sum(text, "odd", &[("v", "a\"b,c")]), Some(5.0));
     assert_eq!(sum(text, "plain", &[]), Some(7.0));
     assert_eq!(sum(text, "absent", &[]), None);
+}
+
+/// Wait until every store of `nmo_controller_kept_entries` is 0.
+async fn wait_nothing_kept(port: u16, after: &str) {
+    let stores = [
+        "node_cache",
+        "own_writes",
+        "conflict_streaks",
+        "node_leases",
+        "departures_watched",
+        "admissions",
+    ];
+    until(&format!("nothing kept after {after}"), LONG, || async {
+        let text = nmo_tests::process::http_get_local(port, "/metrics").await?;
+        let kept: Vec<(&str, Option<f64>)> = stores
+            .iter()
+            .map(|s| {
+                (
+                    *s,
+                    sum(&text, "nmo_controller_kept_entries", &[("store", s)]),
+                )
+            })
+            .collect();
+        Ok(if kept.iter().all(|(_, v)| *v == Some(0.0)) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending(format!("{kept:?}"))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", nmo_tests::component_log_tails(10)));
+}
+
+/// What the controller keeps in memory per maintenance or node
+/// (`nmo_controller_kept_entries`) goes back to nothing once every
+/// maintenance ended, whichever way it ended: deleted with its finalizer
+/// taken off by someone else, Failed (a node that does not exist, the
+/// object still there), and collected with its node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_kept_once_every_maintenance_ended() {
+    use kube::ResourceExt as _;
+    use kube::api::{Patch, PatchParams};
+    use shared::MaintenancePhase;
+    let mut env = Env::new("nm-kept", 2).await;
+    let port = env.plain_metrics_controller().await;
+
+    // a: Succeeded, then deleted with its finalizer removed by someone else.
+    let target = env.node_in_maintenance().await;
+    let a = env.n("a");
+    until("kept entries for a running maintenance", LONG, || async {
+        let text = nmo_tests::process::http_get_local(port, "/metrics").await?;
+        Ok(match sum(&text, "nmo_controller_kept_entries", &[]) {
+            Some(v) if v > 0.0 => Poll::Ready(()),
+            other => Poll::Pending(format!("sum {other:?}")),
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    env.nms()
+        .delete(&a, &DeleteParams::default())
+        .await
+        .expect("delete a");
+    env.nms()
+        .patch(
+            &a,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("finalizer of a removed by someone else");
+    env.wait_gone(&a).await;
+    wait_nothing_kept(
+        port,
+        "a maintenance deleted, its finalizer removed by someone else",
+    )
+    .await;
+
+    // b: Failed on a node that does not exist, and left there.
+    let b = env.n("b");
+    env.create_nm(&b, &format!("{}-ghost", env.bed.group)).await;
+    env.wait_phase(&b, MaintenancePhase::Failed).await;
+    wait_nothing_kept(port, "a maintenance Failed (its node does not exist)").await;
+
+    // c: Succeeded on another node, then the node is deleted: the
+    // maintenance goes with it (its ownerReference).
+    let other = env
+        .bed
+        .node("other", false)
+        .await
+        .expect("second node")
+        .name_any();
+    assert_ne!(other, target);
+    let c = env.n("c");
+    env.create_nm(&c, &other).await;
+    env.wait_phase(&c, MaintenancePhase::Succeeded).await;
+    env.nodes()
+        .delete(&other, &DeleteParams::default())
+        .await
+        .expect("delete the node of c");
+    env.wait_gone(&c).await;
+    wait_nothing_kept(port, "a maintenance collected with its deleted node").await;
+
+    env.nms()
+        .delete(&b, &DeleteParams::default())
+        .await
+        .expect("delete b");
+    env.wait_gone(&b).await;
+    wait_nothing_kept(port, "the Failed maintenance deleted").await;
+    env.teardown().await;
 }
