@@ -88,8 +88,13 @@ pub enum PodOutcome {
     /// something holds it (its finalizers, named here, or a node that no
     /// longer runs it). A blocker.
     Stuck { finalizers: Vec<String> },
-    /// A PodDisruptionBudget said "not now" (429): the API server's message.
+    /// A PodDisruptionBudget said "not now" (429 with a DisruptionBudget
+    /// cause): the API server's message.
     Blocked(String),
+    /// Something else said "not now" (429 without a DisruptionBudget cause:
+    /// an admission webhook on pods/eviction, or the API server throttling
+    /// us): its message. A blocker like [`PodOutcome::Blocked`].
+    NotNow(String),
     /// KubeVirt said "not now, the VM is being live-migrated away" (429, see
     /// [`is_kubevirt_evacuation`]): the pod leaves when the migration
     /// completes. Not a blocker until it has run `--migration-warning-after`.
@@ -142,6 +147,10 @@ impl PodOutcome {
                 finalizers.join(", ")
             ),
             PodOutcome::Blocked(m) => format!("eviction blocked by a PodDisruptionBudget: {m}"),
+            PodOutcome::NotNow(m) => format!(
+                "eviction refused for now, not by a PodDisruptionBudget (HTTP 429 from an \
+                 admission webhook on pods/eviction, or API server throttling): {m}"
+            ),
             PodOutcome::Migrating {
                 since_secs,
                 message,
@@ -163,9 +172,10 @@ impl PodOutcome {
     /// migration running longer than `warn_after`.
     fn problem(&self, warn_after: Duration) -> Option<String> {
         match self {
-            PodOutcome::Blocked(_) | PodOutcome::Failed(_) | PodOutcome::Stuck { .. } => {
-                Some(self.describe())
-            }
+            PodOutcome::Blocked(_)
+            | PodOutcome::NotNow(_)
+            | PodOutcome::Failed(_)
+            | PodOutcome::Stuck { .. } => Some(self.describe()),
             PodOutcome::Migrating {
                 since_secs,
                 message,
@@ -188,7 +198,7 @@ pub fn outcome_label(outcome: &PodOutcome) -> &'static str {
         PodOutcome::Evicted => "evicted",
         PodOutcome::Gone => "gone",
         PodOutcome::Terminating(_) | PodOutcome::Stuck { .. } => "terminating",
-        PodOutcome::Blocked(_) => "blocked",
+        PodOutcome::Blocked(_) | PodOutcome::NotNow(_) => "blocked",
         PodOutcome::Migrating { .. } => "migrating",
         PodOutcome::Failed(_) => "failed",
         PodOutcome::Deferred => "deferred",
@@ -506,12 +516,19 @@ fn api_message(e: &kube::Error) -> String {
     }
 }
 
+/// The cause type (`reason` in JSON) the API server puts on every 429 of its
+/// PodDisruptionBudget check (policy/v1 `DisruptionBudgetCause`).
+const DISRUPTION_BUDGET_CAUSE: &str = "DisruptionBudget";
+
 /// How an eviction request that did not go through is counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Refusal {
     /// 429 from KubeVirt: the VM is being live-migrated away.
     Evacuation(String),
-    /// Any other 429 (a PodDisruptionBudget, or a webhook saying "not now").
+    /// A 429 of the API server's PodDisruptionBudget check (its causes say
+    /// DisruptionBudget).
+    Budget(String),
+    /// Any other 429 (a webhook saying "not now", throttling).
     NotNow(String),
     /// Anything else.
     Failed(String),
@@ -521,8 +538,14 @@ fn refusal(e: &kube::Error, virt_launcher: bool) -> Refusal {
     let message = api_message(e);
     match e {
         kube::Error::Api(s) if s.code == 429 => {
+            let budget = s
+                .details
+                .as_ref()
+                .is_some_and(|d| d.causes.iter().any(|c| c.reason == DISRUPTION_BUDGET_CAUSE));
             if is_kubevirt_evacuation(virt_launcher, &message) {
                 Refusal::Evacuation(message)
+            } else if budget {
+                Refusal::Budget(message)
             } else {
                 Refusal::NotNow(message)
             }
@@ -602,7 +625,8 @@ async fn request_eviction(
                     message,
                 }
             }
-            Refusal::NotNow(m) => PodOutcome::Blocked(m),
+            Refusal::Budget(m) => PodOutcome::Blocked(m),
+            Refusal::NotNow(m) => PodOutcome::NotNow(m),
             Refusal::Failed(m) => PodOutcome::Failed(m),
         },
     };
@@ -780,10 +804,39 @@ mod tests {
         ));
         assert!(matches!(
             refusal(&status_429(PDB, &[kubevirt_pdb]), false),
-            Refusal::NotNow(_)
+            Refusal::Budget(_)
         ));
         assert!(matches!(
             refusal(&status_429("Evacuation in progress", &[]), false),
+            Refusal::NotNow(_)
+        ));
+    }
+
+    /// Issue 22: a 429 of a webhook on pods/eviction (or throttling) was
+    /// worded as a PodDisruptionBudget. Only the API server's PDB check puts
+    /// a DisruptionBudget cause on its 429.
+    #[test]
+    fn only_a_disruption_budget_cause_is_worded_as_a_budget() {
+        let webhook = "admission webhook \"freeze.example.com\" denied the request: change freeze";
+        let outcome = match refusal(&status_429(webhook, &[]), false) {
+            Refusal::NotNow(m) => PodOutcome::NotNow(m),
+            other => panic!("a webhook's 429 is no budget: {other:?}"),
+        };
+        let text = outcome.describe();
+        assert!(!text.contains("by a PodDisruptionBudget:"), "{text}");
+        assert!(
+            text.contains("not by a PodDisruptionBudget") && text.contains(webhook),
+            "{text}"
+        );
+        assert!(
+            outcome.problem(Duration::from_secs(60)).is_some(),
+            "still a blocker"
+        );
+        assert_eq!(outcome_label(&outcome), "blocked");
+        let throttled =
+            "the server has received too many requests and has asked us to try again later";
+        assert!(matches!(
+            refusal(&status_429(throttled, &[]), false),
             Refusal::NotNow(_)
         ));
     }
@@ -794,7 +847,7 @@ mod tests {
         for launcher in [true, false] {
             assert_eq!(
                 refusal(&status_429(PDB, &[users_pdb]), launcher),
-                Refusal::NotNow(format!("{PDB} ({users_pdb})")),
+                Refusal::Budget(format!("{PDB} ({users_pdb})")),
                 "a PDB of the user's holds even a VM's pod"
             );
             assert!(matches!(

@@ -92,16 +92,16 @@ impl ControllerEnv {
     }
 
     /// Replace the environment's controller with one serving /metrics over
-    /// plain HTTP (the secure default is tested in metrics_auth.rs); returns
-    /// the local metrics port. Torn down (its log shown on failure) with the
-    /// environment.
-    pub async fn plain_metrics_controller(&mut self) -> u16 {
+    /// plain HTTP (the secure default is tested in metrics_auth.rs), with
+    /// `extra` flags; returns the local metrics port. Torn down (its log
+    /// shown on failure) with the environment.
+    pub async fn plain_metrics_controller(&mut self, extra: &[&str]) -> u16 {
         if let Some(mut c) = self.ctrl.take() {
             c.proc.kill();
         }
-        let pod = self
-            .spawn_controller(&["--metrics-secure=false".to_string()])
-            .await;
+        let mut args = vec!["--metrics-secure=false".to_string()];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let pod = self.spawn_controller(&args).await;
         let port = pod.flag_port("metrics-bind-address").expect("metrics port");
         self.ctrl = Some(pod);
         port

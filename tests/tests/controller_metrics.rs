@@ -162,7 +162,7 @@ fn missing_after_one_maintenance(text: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_series_count_one_maintenance() {
     let mut env = Env::new("nm-metrics", 1).await;
-    let port = env.plain_metrics_controller().await;
+    let port = env.plain_metrics_controller(&[]).await;
 
     let target = env.node_in_maintenance().await;
     let name = env.n("a");
@@ -281,7 +281,7 @@ async fn nothing_is_kept_once_every_maintenance_ended() {
     use kube::api::{Patch, PatchParams};
     use shared::MaintenancePhase;
     let mut env = Env::new("nm-kept", 2).await;
-    let port = env.plain_metrics_controller().await;
+    let port = env.plain_metrics_controller(&[]).await;
 
     // a: Succeeded, then deleted with its finalizer removed by someone else.
     let target = env.node_in_maintenance().await;

@@ -28,6 +28,11 @@ use shared::{MaintenancePhase, NodeMaintenanceStatus};
 /// KubeVirt's webhook, as named in its ValidatingWebhookConfiguration.
 const KUBEVIRT_WEBHOOK: &str = "virt-launcher-eviction-interceptor.kubevirt.io";
 
+/// A pod with this label is refused "not now" (429, [`LATER_MESSAGE`]) by the
+/// test's webhook, as any eviction webhook may answer (a change freeze).
+const LATER_LABEL: (&str, &str) = ("nmo-tests.medik8s.io/eviction", "later");
+const LATER_MESSAGE: &str = "change freeze: evictions resume on Monday";
+
 /// A webhook in the test process answering `pods/eviction` reviews of one
 /// namespace as KubeVirt's virt-api does for VMs with eviction strategy
 /// LiveMigrate: 429 for every virt-launcher pod, the first time with
@@ -71,7 +76,12 @@ impl Answers {
             }
             _ => None,
         };
+        let later = matches!(&pod, Ok(Some(p))
+            if p.labels().get(LATER_LABEL.0).map(String::as_str) == Some(LATER_LABEL.1));
         let response = match vm {
+            None if later => {
+                json!({"uid": uid, "allowed": false, "status": {"code": 429, "message": LATER_MESSAGE}})
+            }
             None => json!({"uid": uid, "allowed": true}),
             Some(vm) => {
                 let vmi = format!("{namespace}/{vm}");
@@ -197,7 +207,7 @@ impl KubeVirtWebhook {
     }
 
     /// Until the API server sends evictions to us: a dry-run eviction of
-    /// `pod` is refused with KubeVirt's words (dry runs are not counted).
+    /// `pod` is refused with our words (dry runs are not counted).
     async fn wait_effective(&self, namespace: &str, pod: &str) {
         let client = nmo_tests::fixtures::no_retry_client()
             .await
@@ -216,7 +226,9 @@ impl KubeVirtWebhook {
             || async {
                 Ok(match pods.evict(pod, &dry).await {
                     Err(kube::Error::Api(s))
-                        if s.code == 429 && s.message.contains("evacuation of VMI") =>
+                        if s.code == 429
+                            && (s.message.contains("evacuation of VMI")
+                                || s.message.contains(LATER_MESSAGE)) =>
                     {
                         Poll::Ready(())
                     }
@@ -248,20 +260,6 @@ fn evictions(text: &str, result: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// This test's controller, with plain-HTTP metrics and `extra` flags; its port.
-async fn own_controller(env: &mut Env, extra: &[&str]) -> u16 {
-    if let Some(mut c) = env.ctrl.take() {
-        c.proc.kill();
-    }
-    let mut args = vec!["--metrics-secure=false".to_string()];
-    args.extend(extra.iter().map(|a| a.to_string()));
-    let pod = env.spawn_controller(&args).await;
-    let port = pod.flag_port("metrics-bind-address").expect("metrics port");
-    // Torn down (and its log shown on failure) with the environment.
-    env.ctrl = Some(pod);
-    port
-}
-
 /// Complete the "migration": the VM runs elsewhere, its pod goes.
 async fn migration_completes(env: &Env, pod: &str) {
     Api::<Pod>::namespaced(env.client(), &env.bed.namespace)
@@ -280,7 +278,7 @@ async fn a_live_migrating_vm_is_progress_not_a_blocker() {
     /// (several drain rounds).
     const DENIALS: usize = 3;
     let mut env = Env::new("nm-kubevirt", 1).await;
-    let metrics = own_controller(&mut env, &[]).await;
+    let metrics = env.plain_metrics_controller(&[]).await;
     let target = env.target().await;
     let launcher = "virt-launcher-vm1-x7k2p";
     env.bed
@@ -371,7 +369,8 @@ async fn a_live_migrating_vm_is_progress_not_a_blocker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migration_running_too_long_is_reported() {
     let mut env = Env::new("nm-kubevirt-slow", 1).await;
-    own_controller(&mut env, &["--migration-warning-after=2s"]).await;
+    env.plain_metrics_controller(&["--migration-warning-after=2s"])
+        .await;
     let target = env.target().await;
     let launcher = "virt-launcher-vm2-q4d8s";
     env.bed
@@ -412,5 +411,49 @@ async fn a_migration_running_too_long_is_reported() {
     let nm = env.wait_phase(&name, MaintenancePhase::Succeeded).await;
     assert_eq!(nm.status.unwrap_or_default().last_error, "");
     kubevirt.stop().await;
+    env.teardown().await;
+}
+
+/// Issue 22: a 429 of an eviction webhook was reported as "eviction blocked
+/// by a PodDisruptionBudget". Seen on the code before the fix: lastError
+/// `... eviction blocked by a PodDisruptionBudget: admission webhook
+/// "virt-launcher-eviction-interceptor.kubevirt.io" denied the request:
+/// change freeze ...` with no PodDisruptionBudget anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhooks_not_now_is_not_worded_as_a_budget() {
+    let env = Env::new("nm-later", 1).await;
+    let target = env.target().await;
+    let frozen = "frozen";
+    env.bed
+        .pod_on(
+            frozen,
+            &target,
+            json!({"metadata": {"labels": {LATER_LABEL.0: LATER_LABEL.1}}}),
+        )
+        .await
+        .expect("frozen pod");
+    let webhook = KubeVirtWebhook::start(&env.bed, frozen).await;
+
+    let name = env.n("a");
+    env.create_nm(&name, &target).await;
+    let nm = env
+        .wait_nm(&name, "lastError naming the webhook's refusal", |nm| {
+            nm.status
+                .as_ref()
+                .is_some_and(|s| s.last_error.contains(LATER_MESSAGE))
+        })
+        .await;
+    let last_error = nm.status.map(|s| s.last_error).unwrap_or_default();
+    assert!(
+        !last_error.contains("blocked by a PodDisruptionBudget"),
+        "no PodDisruptionBudget here: {last_error}"
+    );
+    assert!(
+        last_error.contains("not by a PodDisruptionBudget"),
+        "says what refused: {last_error}"
+    );
+    // The freeze ends: the drain goes on by itself.
+    webhook.stop().await;
+    env.wait_phase(&name, MaintenancePhase::Succeeded).await;
     env.teardown().await;
 }
