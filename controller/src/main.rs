@@ -24,9 +24,27 @@ async fn main() {
     }
 }
 
+/// The readiness gate of the NodeMaintenance cache.
+const NM_CACHE_GATE: &str = "NodeMaintenance cache";
+
+/// Resolves when shutdown is requested while the NodeMaintenance cache is
+/// still being filled. kube-runtime holds every reconcile until the cache is
+/// ready, and a graceful shutdown stops the watch that would fill it: it
+/// would wait forever (seen: a standby SIGTERMed 25 ms after its start hung
+/// until killed). Nothing can be running then, so the process stops.
+async fn stopped_before_sync(signals: &shared::shutdown::Signals, readiness: &Readiness) {
+    signals.requested().await;
+    if !readiness.waiting_for().iter().any(|g| g == NM_CACHE_GATE) {
+        std::future::pending::<()>().await;
+    }
+}
+
 async fn run(cfg: Config) -> anyhow::Result<()> {
     let signals = shared::shutdown::Signals::install().context("installing signal handlers")?;
     let readiness = Readiness::default();
+    // Registered before the probes answer: until the cache is filled,
+    // /readyz says so (a rolling update must not count this pod Ready yet).
+    let gate = readiness.gate(NM_CACHE_GATE);
     let metrics = metrics::Metrics::new().context("registering metrics")?;
     serving::probes(&cfg, &readiness).await?;
     let clients = serving::clients(&metrics).await?;
@@ -36,7 +54,6 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let (leadership, election) =
         leadership::Leadership::start(client.clone(), &cfg, &metrics).await?;
     let (store, writer) = reflector::store();
-    let gate = readiness.gate("NodeMaintenance cache");
     let selector = &cfg.nodemaintenance_selector;
     let ctx = Arc::new(Ctx::new(&cfg, clients, store.clone(), metrics, &leadership));
     let (nms, relisted) = watches::nodemaintenances(
@@ -108,6 +125,9 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     // never writes alongside the new leader.
     tokio::select! {
         () = controller => {}
+        () = stopped_before_sync(&signals, &readiness) => {
+            tracing::info!("shutdown requested before the NodeMaintenance cache was filled: nothing was running");
+        }
         lost = leadership.lost() => return Err(lost.into()),
     }
     if let Some(election) = election {

@@ -206,13 +206,41 @@ impl Running {
         let _ = self.child.wait();
     }
 
-    /// SIGTERM and wait for the exit status.
-    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+    /// SIGTERM and wait for the exit status, as a kubelet does: for at
+    /// most [`TERMINATION_GRACE`], then SIGKILL and an error saying so (a
+    /// service that ignores SIGTERM would otherwise hang the suite).
+    pub fn terminate(&mut self) -> Result<std::process::ExitStatus, String> {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        self.child.wait().ok()
+        let deadline = std::time::Instant::now() + TERMINATION_GRACE;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Ok(status),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Ok(None) => {
+                    self.kill();
+                    return Err(format!(
+                        "{} (pid {pid}) still running {TERMINATION_GRACE:?} after SIGTERM: killed. Log tail:\n{}",
+                        self.name,
+                        self.log_tail(20)
+                    ));
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "{} (pid {pid}): waiting for its exit: {e}",
+                        self.name
+                    ));
+                }
+            }
+        }
     }
 }
+
+/// How long [`Running::terminate`] waits after SIGTERM: the manifests'
+/// terminationGracePeriodSeconds (10 s), doubled for debug builds.
+pub const TERMINATION_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
 
 impl Drop for Running {
     fn drop(&mut self) {

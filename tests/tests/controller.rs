@@ -882,3 +882,59 @@ fn micro_now() -> serde_json::Value {
     );
     serde_json::to_value(t).expect("micro time")
 }
+
+/// SIGTERM before the NodeMaintenance cache is filled stops the controller
+/// at once, and it is not Ready meanwhile. Seen before the fix: kube-runtime
+/// holds reconciles until the cache is filled and its graceful shutdown
+/// stops the watch that fills it, so the process waited forever (a standby
+/// SIGTERMed 25 ms after its start, in `make test`); and /readyz answered 200
+/// before the cache's gate was registered. Here the cache can never fill:
+/// the controller's ServiceAccount may not read NodeMaintenances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_before_its_cache_filled_it_exits_at_once() {
+    let env = Env::new("nm-early-stop", 1).await;
+    let client = env.client();
+    let (ns, sa) = (env.bed.namespace.clone(), "blind-controller");
+    nmo_tests::manifests::apply_yaml(
+        &client,
+        &format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {sa}, namespace: {ns}}}\n"
+        ),
+    )
+    .await
+    .expect("ServiceAccount without RBAC");
+    let kubeconfig = env
+        .kubeconfig
+        .with_file_name(format!("{}-blind.kubeconfig", env.bed.group));
+    nmo_tests::process::service_account_kubeconfig(&client, &ns, sa, &kubeconfig)
+        .await
+        .expect("kubeconfig");
+    let mut pod = nmo_tests::deployment::Launch::new("base", "nmo-controller")
+        .extra_args([
+            format!("--nodemaintenance-selector={GROUP_KEY}={}", env.bed.group),
+            "--leader-elect=false".to_string(),
+        ])
+        .kubeconfig(&kubeconfig)
+        .start(&client)
+        .await
+        .expect("controller starts");
+    let probe = pod.port("health").expect("health port");
+    let answer = until("/readyz to answer", LONG, || async {
+        Ok(
+            match nmo_tests::process::http_status_local(probe, "/readyz").await {
+                Ok(answer) => Poll::Ready(answer),
+                Err(e) => Poll::Pending(format!("{e:#}")),
+            },
+        )
+    })
+    .await
+    .expect("probes up");
+    assert_eq!(answer.0, 503, "not Ready without its cache: {answer:?}");
+    assert!(answer.1.contains("NodeMaintenance cache"), "{answer:?}");
+    let status = pod
+        .proc
+        .terminate()
+        .unwrap_or_else(|e| panic!("stops on SIGTERM: {e}"));
+    assert!(status.success(), "a clean exit: {status:?}");
+    env.teardown().await;
+}
