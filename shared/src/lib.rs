@@ -1,9 +1,17 @@
-//! Types and rules shared by the nmo-rs controller and webhook.
+//! Types, rules and plumbing shared by the nmo-rs controller and webhook, in
+//! four parts (one flat module list for now; issue 23 gives them folders):
 //!
-//! Nothing in here talks to the API server: it is the NodeMaintenance API, the
-//! constants of the upstream compatibility contract, and pure functions over
-//! plain data (lease validity, the etcd quorum rule, node roles), plus the
-//! telemetry and probe plumbing both binaries start the same way.
+//! - the API: [`crd`] (the NodeMaintenance type), [`consts`] (names of the
+//!   upstream contract), [`version`];
+//! - pure rules over plain data, no I/O: [`lease`], [`quorum`], [`slots`],
+//!   [`duration`], [`nodes`];
+//! - API plumbing, which does talk to the API server: [`kube_client`]
+//!   (clients), [`lean`] (partial decodes of big objects), [`watch`]
+//!   (reconnect back-off), [`namespace`], and [`metrics_auth`] (TokenReview
+//!   and SubjectAccessReview for /metrics);
+//! - service plumbing both binaries start the same way: [`tls`], [`https`],
+//!   [`probes`], [`metrics_server`], [`telemetry`], [`logwriter`], [`zap`],
+//!   [`goflags`], [`shutdown`].
 
 pub mod consts;
 pub mod crd;
