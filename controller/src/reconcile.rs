@@ -239,6 +239,18 @@ impl Ctx {
         ]
     }
 
+    /// NodeMaintenance `name` as the API server has it now (None: gone).
+    async fn read_live(&self, name: &str) -> Result<Option<NodeMaintenance>, Error> {
+        self.nms()
+            .get_opt(name)
+            .await
+            .map_err(|source| Error::NodeMaintenance {
+                action: "read",
+                name: name.to_string(),
+                source,
+            })
+    }
+
     fn nms(&self) -> Api<NodeMaintenance> {
         Api::all(self.client.clone())
     }
@@ -270,16 +282,9 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
         {
             Current::Cached => (*nm).clone(),
             Current::Ours(latest) => *latest,
-            Current::ReadLive => match ctx.nms().get_opt(&name).await {
-                Ok(Some(live)) => live,
-                Ok(None) => return Ok(None),
-                Err(source) => {
-                    return Err(Error::NodeMaintenance {
-                        action: "read",
-                        name: name.clone(),
-                        source,
-                    });
-                }
+            Current::ReadLive => match ctx.read_live(&name).await? {
+                Some(live) => live,
+                None => return Ok(None),
             },
         };
         match step(current, &ctx).await {
@@ -288,17 +293,12 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Ctx>) -> Result<Action
             // an API server restart): decide again on the live object now,
             // rather than retrying on the same stale copy until the cache
             // catches up.
-            Err(e) if e.is_conflict() => match ctx.nms().get_opt(&name).await {
-                Ok(Some(live)) => {
+            Err(e) if e.is_conflict() => match ctx.read_live(&name).await? {
+                Some(live) => {
                     tracing::debug!(nodemaintenance = %name, "stale NodeMaintenance in cache; deciding again on a fresh read");
                     step(live, &ctx).await
                 }
-                Ok(None) => Ok(None),
-                Err(source) => Err(Error::NodeMaintenance {
-                    action: "read",
-                    name: name.clone(),
-                    source,
-                }),
+                None => Ok(None),
             },
             other => other,
         }
@@ -660,7 +660,7 @@ async fn apply(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
         // The node went away under a maintenance that held it: nothing to
         // restore, but its lease is ours to give back (Failed is final).
         if plan::touched_node(status.phase.as_ref()) {
-            ctx.leases.release(&node_name).await?;
+            give_back(ctx, &node_name, None).await?;
         }
         let st = plan::node_missing(&status, &node_name);
         tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, "node not found: maintenance failed");
@@ -764,8 +764,7 @@ async fn maintain(
         }
         tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error,
             "drain deadline passed: giving the node back");
-        restore_node(ctx, node).await?;
-        ctx.leases.release(&node_name).await?;
+        give_back(ctx, &node_name, Some(node)).await?;
         write_status(ctx, nm, st, Why::new(Cause::DrainTimeout, false)).await?;
         return Ok(None);
     }
@@ -810,8 +809,7 @@ async fn maintain(
         LeaseStep::GiveUp { status: st, cause } => {
             tracing::error!(nodemaintenance = %nm.name_any(), node = %node_name, error = %st.last_error,
                 last_lease_error = %cause, "lease lost for good: giving the node back");
-            restore_node(ctx, node).await?;
-            ctx.leases.release(&node_name).await?;
+            give_back(ctx, &node_name, Some(node)).await?;
             let why = Why {
                 failure_cause: Some(cause),
                 ..Why::new(Cause::LeaseLost, false)
@@ -1090,6 +1088,17 @@ fn node_patch_error(node: &str, action: &'static str, source: kube::Error) -> Er
 /// Take our taints, cordon and label off the node; say UncordonNode on the
 /// Node only when that changed something (a retried cleanup finds the node
 /// already given back and says nothing).
+/// The one way a maintenance ends for its node (drain deadline, lease lost,
+/// node gone, deletion): undo what we did to the node, if it still exists,
+/// then release its medik8s lease.
+async fn give_back(ctx: &Ctx, node_name: &str, node: Option<&Node>) -> Result<(), Error> {
+    if let Some(node) = node {
+        restore_node(ctx, node).await?;
+    }
+    ctx.leases.release(node_name).await?;
+    Ok(())
+}
+
 async fn restore_node(ctx: &Ctx, node: &Node) -> Result<(), Error> {
     if let Some(ops) = node::exit_patch(node) {
         patch_node(ctx, &node.name_any(), ops, "give back").await?;
@@ -1108,28 +1117,21 @@ async fn cleanup(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
     // The cache can hand us an object whose cleanup already finished (our own
     // node patch re-queues it); a later maintenance of the same node may hold
     // it by now. Only the live object says whether this cleanup is still due.
-    let nm = match ctx.nms().get_opt(&name).await {
-        Ok(Some(live))
+    let nm = match ctx.read_live(&name).await? {
+        Some(live)
             if live.metadata.uid == nm.metadata.uid
                 && live.finalizers().iter().any(|f| f == FINALIZER) =>
         {
             live
         }
-        Ok(_) => return Ok(None),
-        Err(source) => {
-            return Err(Error::NodeMaintenance {
-                action: "read",
-                name,
-                source,
-            });
-        }
+        _ => return Ok(None),
     };
     if plan::touched_node(nm.phase()) {
-        match read_node(ctx, &node_name).await? {
-            Some(node) => restore_node(ctx, &node).await?,
-            None => tracing::info!(nodemaintenance = %name, node = %node_name, "node already gone"),
+        let node = read_node(ctx, &node_name).await?;
+        if node.is_none() {
+            tracing::info!(nodemaintenance = %name, node = %node_name, "node already gone");
         }
-        ctx.leases.release(&node_name).await?;
+        give_back(ctx, &node_name, node.as_ref()).await?;
         tracing::info!(nodemaintenance = %name, node = %node_name, "maintenance ended: node given back, lease released");
     }
     let rest: Vec<String> = nm
