@@ -48,7 +48,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let metrics = metrics::Metrics::new().context("registering metrics")?;
     serving::probes(&cfg, &readiness).await?;
     let clients = serving::clients(&metrics).await?;
-    let client = clients.0.clone();
+    let client = clients.api.clone();
     serving::metrics(&cfg, &metrics, &client).await?;
     // Every replica watches (and so is Ready); only the leader reconciles.
     let (leadership, election) =

@@ -176,17 +176,18 @@ impl Ctx {
 
     pub fn new(
         cfg: &crate::config::Config,
-        (client, evict_client): (Client, Client),
+        clients: crate::serving::Clients,
         store: Store<NodeMaintenance>,
         metrics: Metrics,
         leadership: &Leadership,
     ) -> Ctx {
         drain::set_migration_warning_after(cfg.migration_warning_after);
+        let client = clients.api;
         Ctx {
             events: Events::new(client.clone(), crate::leadership::instance_name()),
             leases: NodeLeases::new(client.clone(), cfg.lease_namespace.clone()),
             client,
-            evict_client,
+            evict_client: clients.evict,
             store,
             metrics,
             max_concurrent_maintenances: cfg.max_concurrent_maintenances,
@@ -1171,7 +1172,11 @@ pub(crate) mod tests {
             .await
             .expect("leading without an election");
         let (store, _writer) = kube::runtime::reflector::store();
-        let ctx = Ctx::new(&cfg, (client.clone(), client), store, metrics, &leadership);
+        let clients = crate::serving::Clients {
+            api: client.clone(),
+            evict: client,
+        };
+        let ctx = Ctx::new(&cfg, clients, store, metrics, &leadership);
         (Arc::new(ctx), handle)
     }
 

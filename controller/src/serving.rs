@@ -56,11 +56,23 @@ const MAX_IN_FLIGHT: usize = crate::drain::IN_FLIGHT;
 /// for the Eviction API a 429 is the answer ("a PodDisruptionBudget says not
 /// now"), and the drain must record it and move on, not sit in a
 /// multi-minute backoff.
-pub async fn clients(metrics: &Metrics) -> anyhow::Result<(Client, Client)> {
+pub async fn clients(metrics: &Metrics) -> anyhow::Result<Clients> {
     let mut config = kube::Config::infer().await.context(
         "loading the Kubernetes client configuration (in-cluster or KUBECONFIG); check the service account or kubeconfig",
     )?;
-    let client = metrics.counted_client(config.clone(), MAX_IN_FLIGHT)?;
+    let api = metrics.counted_client(config.clone(), MAX_IN_FLIGHT)?;
     config.default_retry = false;
-    Ok((client, metrics.counted_client(config, MAX_IN_FLIGHT)?))
+    Ok(Clients {
+        api,
+        evict: metrics.counted_client(config, MAX_IN_FLIGHT)?,
+    })
+}
+
+/// See [`clients`].
+#[derive(Clone)]
+pub struct Clients {
+    /// Everything but evictions.
+    pub api: Client,
+    /// The Eviction API: same credentials, no retries of its own on 429.
+    pub evict: Client,
 }
