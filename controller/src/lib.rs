@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod node;
 pub mod node_cache;
 pub mod node_lease;
+pub mod own_writes;
 pub mod plan;
 pub mod queue_metrics;
 pub mod reconcile;

@@ -23,7 +23,7 @@ use shared::{DrainTimeoutAction, NodeMaintenance, NodeMaintenanceStatus};
 
 use crate::blockers::WatchedNodes;
 use crate::conditions::{self, Cause};
-use crate::conflicts::{ConflictStreaks, Current, OwnWrites};
+use crate::conflicts::ConflictStreaks;
 use crate::drain::{self, PodOutcome};
 use crate::events::Events;
 use crate::leadership::Leadership;
@@ -31,6 +31,7 @@ use crate::metrics::{Metrics, ReconcileResult};
 use crate::node;
 use crate::node_cache::NodeCache;
 use crate::node_lease::{LeaseError, NodeLeases};
+use crate::own_writes::{Current, OwnWrites};
 use crate::plan::{self, Admission, LeaseOutcome, LeaseStep, Lifecycle};
 use shared::slots;
 
