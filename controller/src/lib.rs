@@ -1,11 +1,11 @@
 //! nmo-controller's modules; main.rs wires them together.
 
-pub mod blockers;
 pub mod classify;
 pub mod conditions;
 pub mod config;
 pub mod conflicts;
 pub mod drain;
+pub mod drain_wakes;
 pub mod events;
 pub mod leadership;
 pub mod metrics;

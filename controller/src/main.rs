@@ -11,7 +11,7 @@ use shared::probes::Readiness;
 
 use nmo_controller::config::Config;
 use nmo_controller::reconcile::{Ctx, MAX_CONCURRENT_RECONCILES, error_policy, reconcile};
-use nmo_controller::{blockers, leadership, metrics, serving, watches};
+use nmo_controller::{drain_wakes, leadership, metrics, serving, watches};
 
 #[tokio::main]
 async fn main() {
@@ -93,7 +93,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     // Won the Lease, or the NodeMaintenance watch listed again: reconcile all.
     let everything = futures::stream::select(leadership.acquired(ctx.metrics.clone()), relisted);
     let everything = watches::reconcile_all(everything, store.clone(), queue.clone());
-    let unblocked = blockers::wakes(
+    let unblocked = drain_wakes::wakes(
         client.clone(),
         store.clone(),
         queue.clone(),

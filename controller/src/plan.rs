@@ -221,7 +221,7 @@ pub struct Round {
     pub migrating: Vec<PodReference>,
     /// Every remaining pod is on its way out (its eviction accepted, or
     /// already terminating) and the node's pod watch will wake the
-    /// maintenance when the last of them has gone (`blockers`): the poll
+    /// maintenance when the last of them has gone (`drain_wakes`): the poll
     /// is then only a backstop.
     pub departures_watched: bool,
 }

@@ -21,10 +21,10 @@ use shared::consts::{
 };
 use shared::{DrainTimeoutAction, NodeMaintenance, NodeMaintenanceStatus};
 
-use crate::blockers::WatchedNodes;
 use crate::conditions::{self, Cause};
 use crate::conflicts::ConflictStreaks;
 use crate::drain::{self, PodOutcome};
+use crate::drain_wakes::WatchedNodes;
 use crate::events::Events;
 use crate::leadership::Leadership;
 use crate::metrics::{Metrics, ReconcileResult};
@@ -150,7 +150,7 @@ pub struct Ctx {
     pub blocked_retry: Duration,
     /// The nodes of the maintenances, as the node watch sees them.
     pub node_cache: NodeCache,
-    /// The nodes whose pods' departures are watched (`blockers`).
+    /// The nodes whose pods' departures are watched (`drain_wakes`).
     pub departures_watched: WatchedNodes,
     /// `--allow-force-drain`: whether drainTimeoutAction Force may delete pods.
     pub allow_force_drain: bool,

@@ -1,5 +1,5 @@
 //! A blocked drain resumes as soon as its blocker clears, not on its next
-//! 5 s retry (controller/src/blockers.rs): a PodDisruptionBudget deleted in the
+//! 5 s retry (controller/src/drain_wakes.rs): a PodDisruptionBudget deleted in the
 //! namespace of a pending pod, or a pending pod leaving the node.
 //!
 //! No timing race decides these tests. A blocked drain retries every 5 s and
