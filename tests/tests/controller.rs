@@ -467,9 +467,11 @@ async fn one_slot_same_second_pairs_never_both_admitted() {
 async fn a_pod_arriving_after_success_is_evicted_without_rewinding() {
     let env = Env::new("nm-late-pod", 1).await;
     let target = env.node_in_maintenance().await;
-    env.bed.bare_pod("late", &target).await.expect("late pod");
-    // Held by a PDB, so it stays on the node for rounds on end.
+    // Held by a PDB, so it stays on the node for rounds on end. The PDB
+    // comes first: a pod arriving wakes a round at once, and one that came
+    // before its PDB was evicted (seen once, the test then waited in vain).
     env.bed.pdb("late-pdb", "late", 1).await.expect("pdb");
+    env.bed.bare_pod("late", &target).await.expect("late pod");
     env.bed
         .wait_pdb_status("late-pdb", 1, LONG)
         .await
