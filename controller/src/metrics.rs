@@ -13,7 +13,7 @@
 //! - `workqueue_*{name,controller}` (see queue_metrics.rs);
 //! - `rest_client_requests_total{code,host,method}` and
 //!   `rest_client_request_duration_seconds{verb,host}` (client-go, through
-//!   `counted_client`); `code` is the HTTP status, or `<error>` when no
+//!   `rest_layer`); `code` is the HTTP status, or `<error>` when no
 //!   response came;
 //! - `leader_election_master_status{name}`.
 //!
@@ -343,36 +343,24 @@ impl Metrics {
         self.queue.finished(key, seconds);
     }
 
-    /// A client whose every request to the API server is counted as
-    /// client-go counts it: `rest_client_requests_total{code,host,method}`
-    /// and `rest_client_request_duration_seconds{verb,host}` (time to the
-    /// response headers). `host` is the API server's host:port. At most
-    /// `max_in_flight` requests wait for their response headers at once (a
-    /// watch counts until its stream begins). HTTP/2 when the API server
-    /// offers it (`shared::kube_client`).
-    pub fn counted_client(
+    /// A client layer that counts every request to the API server as
+    /// client-go does: `rest_client_requests_total{code,host,method}` and
+    /// `rest_client_request_duration_seconds{verb,host}` (time to the
+    /// response headers). `host` is the API server's host:port (the client
+    /// is built in `serving::clients`).
+    pub fn rest_layer<S>(
         &self,
-        config: kube::Config,
-        max_in_flight: usize,
-    ) -> anyhow::Result<kube::Client> {
-        let host = config
-            .cluster_url
-            .authority()
-            .map(|a| a.as_str().to_string())
-            .unwrap_or_default();
+        host: &str,
+    ) -> impl tower::Layer<S, Service = CountRequests<S>> + Clone + use<S> {
         let rest = RestClientMetrics {
             requests: self.rest_requests.clone(),
             duration: self.rest_duration.clone(),
             host: Arc::from(host),
         };
-        let layer = tower::layer::layer_fn(move |svc| CountRequests {
+        tower::layer::layer_fn(move |svc| CountRequests {
             inner: svc,
             metrics: rest.clone(),
-        });
-        Ok(shared::kube_client::builder(&config)?
-            .with_layer(&layer)
-            .with_layer(&tower::limit::ConcurrencyLimitLayer::new(max_in_flight))
-            .build())
+        })
     }
 
     pub fn eviction(&self, result: &str) {

@@ -60,12 +60,28 @@ pub async fn clients(metrics: &Metrics) -> anyhow::Result<Clients> {
     let mut config = kube::Config::infer().await.context(
         "loading the Kubernetes client configuration (in-cluster or KUBECONFIG); check the service account or kubeconfig",
     )?;
-    let api = metrics.counted_client(config.clone(), MAX_IN_FLIGHT)?;
+    let api = counted_client(metrics, &config)?;
     config.default_retry = false;
     Ok(Clients {
         api,
-        evict: metrics.counted_client(config, MAX_IN_FLIGHT)?,
+        evict: counted_client(metrics, &config)?,
     })
+}
+
+/// A client whose every request is counted (`Metrics::rest_layer`), with at
+/// most [`MAX_IN_FLIGHT`] requests waiting for their response headers at
+/// once (a watch counts until its stream begins); HTTP/2 when the API server
+/// offers it (`shared::kube_client`).
+fn counted_client(metrics: &Metrics, config: &kube::Config) -> anyhow::Result<Client> {
+    let host = config
+        .cluster_url
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .unwrap_or_default();
+    Ok(shared::kube_client::builder(config)?
+        .with_layer(&metrics.rest_layer(&host))
+        .with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
+        .build())
 }
 
 /// See [`clients`].
