@@ -67,6 +67,22 @@ pub enum DrainTimeoutAction {
     Force,
 }
 
+/// Every field of [`NodeMaintenanceStatus`] by its JSON name: a status
+/// merge patch sends the cleared ones as null so they are really removed.
+pub const STATUS_FIELDS: [&str; 11] = [
+    "phase",
+    "drainProgress",
+    "lastUpdate",
+    "lastError",
+    "pendingPods",
+    "pendingPodsRefs",
+    "totalpods",
+    "evictionPods",
+    "errorOnLeaseCount",
+    "forceDeletedPods",
+    "conditions",
+];
+
 /// Observed state, as the controller reports it.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -305,17 +321,7 @@ mod tests {
         assert_eq!(spec["required"], json!(["nodeName"]));
         assert_eq!(spec["properties"]["nodeName"]["minLength"], json!(1));
         let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
-        for f in [
-            "phase",
-            "drainProgress",
-            "lastUpdate",
-            "lastError",
-            "pendingPods",
-            "pendingPodsRefs",
-            "totalpods",
-            "evictionPods",
-            "errorOnLeaseCount",
-        ] {
+        for f in STATUS_FIELDS {
             assert!(status.get(f).is_some(), "status field {f} missing from CRD");
         }
         let cols: Vec<_> = v["additionalPrinterColumns"]

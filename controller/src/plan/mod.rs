@@ -17,6 +17,12 @@ use shared::{DrainTimeoutAction, MaintenancePhase, NodeMaintenanceStatus as Stat
 
 use shared::slots::{self, SlotDecision};
 
+mod next;
+pub use next::{
+    NodeSeen, Observed, Plan, REQUEUE_NOW, Record, Why, after_drain, after_lease_step,
+    drain_deadline, drain_timeout, first_sight, lease_cause, next, owner_refs,
+};
+
 /// How soon to come back while pods are leaving on their own.
 pub const REQUEUE_TERMINATING: Duration = Duration::from_millis(500);
 /// How soon to come back when something blocks (PDB, foreign lease): upstream's

@@ -1,0 +1,221 @@
+//! The node's pods, sorted the way the drain needs: every pod (for
+//! `totalpods`) and those that must leave. Whether a DaemonSet's pod stays
+//! depends on its DaemonSet still existing (kubectl's orphan rule, see
+//! `classify`): each round looks up, by name, the DaemonSet of every
+//! unfinished DaemonSet pod on the node (metadata only), answers kept for a
+//! few seconds.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::{Api, Client, ResourceExt};
+use shared::PodReference;
+use shared::lean::PodView;
+
+use crate::classify::{classify, daemonset_to_look_up};
+
+/// DaemonSet lookups under way at once in one round.
+const DAEMONSET_LOOKUPS: usize = 8;
+
+/// The pods on a node, split the way the drain needs.
+#[derive(Debug, Default)]
+pub struct NodePods {
+    /// Every pod on the node (`totalpods`).
+    pub total: usize,
+    /// Pods that must leave, in name order.
+    pub must_leave: Vec<LeavingPod>,
+}
+
+/// A pod that must leave the node, as the drain keeps it from the list to
+/// its eviction: its metadata (name, uid, labels, deletion time,
+/// finalizers), which is all the eviction, the events and the status read.
+/// Not a whole `Pod`: that struct is some 2 KiB even with an empty spec, and
+/// 100 drains at once hold 3,000 of these.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LeavingPod {
+    pub metadata: ObjectMeta,
+}
+
+impl LeavingPod {
+    pub fn namespace(&self) -> String {
+        self.metadata.namespace.clone().unwrap_or_default()
+    }
+
+    pub fn name(&self) -> String {
+        self.metadata.name.clone().unwrap_or_default()
+    }
+
+    pub fn reference(&self) -> PodReference {
+        PodReference {
+            namespace: self.namespace(),
+            name: self.name(),
+        }
+    }
+}
+
+/// Why the pods of a node could not be sorted out this round (retried).
+#[derive(Debug, thiserror::Error)]
+pub enum ListPodsError {
+    #[error("failed to list the pods on node {node}: {source}")]
+    List {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "failed to look up DaemonSet {namespace}/{name}, the controller of pod {namespace}/{pod} on node {node}: {source}; \
+         a DaemonSet's pod leaves the node only once the DaemonSet is gone, so the drain waits and retries \
+         (the controller needs get on apps/daemonsets)"
+    )]
+    DaemonSet {
+        node: String,
+        namespace: String,
+        name: String,
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// List the pods of `node` (`shared::lean::list_node_pods`): 100 drains at
+/// once hold their pods' names and owners, not their specs.
+pub(super) async fn list_node_pods(
+    client: &Client,
+    answers: &DaemonSetAnswers,
+    node: &str,
+) -> Result<NodePods, ListPodsError> {
+    let pods = shared::lean::list_node_pod_views(client, node)
+        .await
+        .map_err(|source| ListPodsError::List {
+            node: node.to_string(),
+            source,
+        })?;
+    let total = pods.len();
+    // One whole `Pod` at a time (the rules read that type), never the node's.
+    // Whether a pod leaves can hang only on its DaemonSet still existing,
+    // which is looked up once the node's pods are sorted.
+    let mut wanted = BTreeMap::new();
+    let mut candidates = Vec::new();
+    for p in pods.into_iter().map(PodView::into_pod) {
+        if !classify(&p, |_| false).must_leave() {
+            continue;
+        }
+        let ds =
+            daemonset_to_look_up(&p).map(|ds| (p.namespace().unwrap_or_default(), ds.to_string()));
+        if let Some(key) = &ds {
+            wanted.insert(key.clone(), p.name_any());
+        }
+        candidates.push((
+            LeavingPod {
+                metadata: p.metadata,
+            },
+            ds,
+        ));
+    }
+    let live = live_daemonsets(client, answers, node, wanted).await?;
+    let mut must_leave: Vec<LeavingPod> = candidates
+        .into_iter()
+        .filter(|(_, ds)| ds.as_ref().is_none_or(|key| !live.contains(key)))
+        .map(|(p, _)| p)
+        .collect();
+    must_leave.sort_by_key(|p| (p.namespace(), p.name()));
+    Ok(NodePods { total, must_leave })
+}
+
+/// How long an answer to "does DaemonSet ns/name exist" is trusted. Every
+/// drain round of every maintenance asks about the DaemonSets of its node's
+/// pods, mostly the same few cluster-wide ones (CNI, log agents): 100 nodes
+/// draining at once ask once per DaemonSet, not 100 times per round. A
+/// DaemonSet deleted meanwhile has its pods garbage-collected anyway; the
+/// orphan rule (kubectl's) only needs the answer to be recent.
+const DAEMONSET_ANSWER_TTL: Duration = Duration::from_secs(10);
+
+/// Recent answers to "does DaemonSet (namespace, name) exist", with when
+/// they were given; owned by the [`super::Drainer`].
+#[derive(Debug, Default)]
+pub(super) struct DaemonSetAnswers {
+    answers: Mutex<HashMap<(String, String), (bool, Instant)>>,
+}
+
+impl DaemonSetAnswers {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (bool, Instant)>> {
+        // Plain data: a panic elsewhere leaves it usable.
+        self.answers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The answer for `key` given less than [`DAEMONSET_ANSWER_TTL`] ago.
+    fn recent(&self, key: &(String, String)) -> Option<bool> {
+        let mut m = self.entries();
+        m.retain(|_, (_, at)| at.elapsed() < DAEMONSET_ANSWER_TTL);
+        m.get(key).map(|(exists, _)| *exists)
+    }
+
+    fn remember(&self, key: (String, String), exists: bool) {
+        self.entries().insert(key, (exists, Instant::now()));
+    }
+}
+
+/// `(namespace, name)` of the DaemonSets that exist among `wanted` (those the
+/// pods' classification needs, see `classify::daemonset_to_look_up`, each with
+/// one of its pods on the node for the error text).
+async fn live_daemonsets(
+    client: &Client,
+    answers: &DaemonSetAnswers,
+    node: &str,
+    wanted: BTreeMap<(String, String), String>,
+) -> Result<BTreeSet<(String, String)>, ListPodsError> {
+    // One lookup per DaemonSet not answered recently.
+    let mut live = BTreeSet::new();
+    let wanted: BTreeMap<(String, String), String> = wanted
+        .into_iter()
+        .filter(|(key, _)| match answers.recent(key) {
+            Some(true) => {
+                live.insert(key.clone());
+                false
+            }
+            Some(false) => false,
+            None => true,
+        })
+        .collect();
+    let found: Vec<_> = futures::stream::iter(wanted)
+        .map(|((namespace, name), pod)| async move {
+            let api: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
+            let answer = api.get_metadata_opt(&name).await;
+            (namespace, name, pod, answer)
+        })
+        .buffer_unordered(DAEMONSET_LOOKUPS)
+        .collect()
+        .await;
+    for (namespace, name, pod, answer) in found {
+        if let Ok(found) = &answer {
+            answers.remember((namespace.clone(), name.clone()), found.is_some());
+        }
+        match answer {
+            Ok(Some(_)) => {
+                live.insert((namespace, name));
+            }
+            Ok(None) => {
+                tracing::debug!(daemonset = %format!("{namespace}/{name}"), %pod, %node,
+                    "DaemonSet gone: its pod is an orphan and leaves the node");
+            }
+            Err(source) => {
+                return Err(ListPodsError::DaemonSet {
+                    node: node.to_string(),
+                    namespace,
+                    name,
+                    pod,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(live)
+}
+
+pub fn references(pods: &[LeavingPod]) -> Vec<PodReference> {
+    pods.iter().map(LeavingPod::reference).collect()
+}

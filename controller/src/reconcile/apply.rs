@@ -1,0 +1,297 @@
+//! Apply: carry a [`Plan`] out against the API server, in one fixed order
+//! (metadata, lease, node, drain), and hand back what to write.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, Preconditions};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use shared::consts::{
+    EVENT_BEGIN_MAINTENANCE, EVENT_REMOVED_MAINTENANCE, EVENT_UNCORDON_NODE, FINALIZER,
+};
+use shared::{DrainTimeoutAction, NodeMaintenance, PodReference};
+
+use super::writes::{patch_metadata, patch_node, set_finalizers};
+use super::{Ctx, EVENT_POD_FORCE_DELETED, Error};
+use crate::drain::{self, LeavingPod, PodOutcome};
+use crate::node;
+use crate::node_lease::LeaseError;
+use crate::plan::{self, Deadline, LeaseOutcome, LeaseStep, NodeSeen, Observed, Plan, Record};
+
+/// Carry `plan` out; `seen.nm` follows every write. Returns the status to
+/// record, if the plan writes one.
+pub(super) async fn apply(
+    plan: Plan,
+    seen: &mut Observed,
+    ctx: &Ctx,
+) -> Result<Option<Record>, Error> {
+    let node = match &seen.node {
+        NodeSeen::Present(node) => Some(node.as_ref()),
+        _ => None,
+    };
+    match plan {
+        Plan::Nothing => Ok(None),
+        Plan::AddFinalizer => {
+            let mut finalizers = seen.nm.finalizers().to_vec();
+            finalizers.push(FINALIZER.to_string());
+            let nm = set_finalizers(ctx, &seen.nm, finalizers).await?;
+            ctx.events.on(&nm, EVENT_BEGIN_MAINTENANCE).await;
+            // The finalizer change comes back through the watch.
+            Ok(None)
+        }
+        Plan::Write(record) => Ok(Some(record)),
+        Plan::GiveBack(record) => {
+            give_back(ctx, &seen.nm.spec.node_name, node).await?;
+            Ok(Some(record))
+        }
+        Plan::Begin {
+            owner_refs,
+            cordoned,
+        } => {
+            set_owner_refs(ctx, &mut seen.nm, owner_refs).await?;
+            let pods = ctx.drainer.list(&seen.nm.spec.node_name).await?;
+            let must_leave = drain::references(&pods.must_leave);
+            let status = seen.status();
+            Ok(Some(plan::first_sight(
+                &status, pods.total, must_leave, cordoned,
+            )))
+        }
+        Plan::Maintain {
+            owner_refs,
+            deadline,
+        } => {
+            set_owner_refs(ctx, &mut seen.nm, owner_refs).await?;
+            match node {
+                Some(node) => maintain(ctx, &seen.nm, node, deadline).await.map(Some),
+                None => Ok(None),
+            }
+        }
+        Plan::Cleanup { give_back } => {
+            cleanup(ctx, &seen.nm, give_back.then_some(node)).await?;
+            Ok(None)
+        }
+    }
+}
+
+async fn set_owner_refs(
+    ctx: &Ctx,
+    nm: &mut NodeMaintenance,
+    refs: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>,
+) -> Result<(), Error> {
+    if let Some(refs) = refs {
+        let field = json!({ "ownerReferences": refs });
+        *nm = patch_metadata(ctx, nm, field, "set the Node owner reference of").await?;
+    }
+    Ok(())
+}
+
+/// An admitted maintenance on an existing node: the lease, the node's
+/// state, one drain round (and past a Force deadline, deletions).
+async fn maintain(
+    ctx: &Ctx,
+    nm: &NodeMaintenance,
+    node: &Node,
+    deadline: Deadline,
+) -> Result<Record, Error> {
+    let node_name = node.name_any();
+    let status = nm.status.clone().unwrap_or_default();
+    // The lease comes before anything touches the node.
+    let outcome = request_lease(ctx, nm, node).await;
+    let cause = plan::lease_cause(&outcome);
+    let step = plan::after_lease(&status, outcome);
+    if let LeaseStep::GiveUp { status, cause } = &step {
+        tracing::error!(nodemaintenance = %nm.name_any(), node = %node_name, error = %status.last_error,
+            last_lease_error = %cause, "lease lost for good: giving the node back");
+        give_back(ctx, &node_name, Some(node)).await?;
+    }
+    let cordoned = node::is_in_maintenance(node);
+    let status = match plan::after_lease_step(step, cause, cordoned, ctx.blocked_retry) {
+        Ok(status) => status,
+        Err(record) => return Ok(*record),
+    };
+    if let Some(ops) = node::enter_patch(node) {
+        patch_node(ctx, &node_name, ops, "put into maintenance").await?;
+        tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, "node cordoned, tainted and excluded from remediation");
+    }
+    let (round, left) = drain_round(ctx, &node_name).await?;
+    let mut forced = Vec::new();
+    if deadline == Deadline::Passed(DrainTimeoutAction::Force) {
+        // A VM being live-migrated is left to finish: deleting its pod
+        // would kill the VM.
+        let due: Vec<_> = left
+            .into_iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none() && !round.migrating.contains(&p.reference())
+            })
+            .collect();
+        forced = force_delete(ctx, nm, &node_name, &due).await;
+    }
+    Ok(plan::after_drain(
+        &status,
+        round,
+        forced,
+        deadline,
+        ctx.blocked_retry,
+    ))
+}
+
+/// Take or renew the node's medik8s lease, and say (in the log) what
+/// stands in the way.
+async fn request_lease(ctx: &Ctx, nm: &NodeMaintenance, node: &Node) -> LeaseOutcome {
+    let node_name = node.name_any();
+    let lease = format!(
+        "{}/{}",
+        ctx.leases.namespace(),
+        shared::consts::lease_name(&node_name)
+    );
+    let status = nm.status.clone().unwrap_or_default();
+    match ctx.leases.request(node).await {
+        Ok(()) => LeaseOutcome::Held,
+        Err(LeaseError::HeldByOther(holder)) => {
+            // Counted (a warning) once draining started; before, only waited for.
+            if status.drain_progress > 0 {
+                tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, %lease, %holder,
+                    "lease held by another operator after draining started: counted, retried");
+            } else {
+                tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, %lease, %holder,
+                    "lease held by another operator: waiting for it");
+            }
+            LeaseOutcome::HeldByOther(holder)
+        }
+        Err(e) => {
+            tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, %lease, error = %e,
+                attempts = status.error_on_lease_count.saturating_add(1), "lease error: counted, retried");
+            LeaseOutcome::Failed(e.to_string())
+        }
+    }
+}
+
+/// List the node's pods (after the cordon, so "nothing left" is true),
+/// evict what must leave (concurrently, bounded) and report what is still
+/// there and why.
+async fn drain_round(ctx: &Ctx, node_name: &str) -> Result<(plan::Round, Vec<LeavingPod>), Error> {
+    let pods = ctx.drainer.list(node_name).await?;
+    let budget = tokio::time::Instant::now() + drain::EVICTION_BUDGET;
+    let outcomes = ctx.drainer.evict(&pods.must_leave, budget).await;
+    for o in outcomes.values() {
+        // A terminating pod got no eviction request this round.
+        if !matches!(o, PodOutcome::Terminating(_) | PodOutcome::Stuck { .. }) {
+            ctx.metrics.eviction(drain::outcome_label(o));
+        }
+    }
+    let left: Vec<_> = pods
+        .must_leave
+        .into_iter()
+        .filter(|p| outcomes.get(&p.reference()) != Some(&PodOutcome::Gone))
+        .collect();
+    let on_their_way = left.iter().all(|p| {
+        matches!(
+            outcomes.get(&p.reference()),
+            Some(PodOutcome::Evicted | PodOutcome::Terminating(_))
+        )
+    });
+    let round = plan::Round {
+        remaining: drain::references(&left),
+        blocker: ctx.drainer.blocker_summary(node_name, &outcomes),
+        migrating: drain::migrating(&outcomes),
+        departures_watched: !left.is_empty()
+            && on_their_way
+            && ctx.departures_watched.contains(node_name),
+    };
+    Ok((round, left))
+}
+
+/// The deadline passed and the object asked for Force: delete the pods
+/// still on the node without eviction (PodDisruptionBudgets bypassed, each
+/// pod's own grace period kept), each named in a Warning event; returns
+/// those deleted (for `status.forceDeletedPods`). The uid precondition
+/// never deletes a pod recreated under the same name elsewhere.
+async fn force_delete(
+    ctx: &Ctx,
+    nm: &NodeMaintenance,
+    node: &str,
+    pods: &[LeavingPod],
+) -> Vec<PodReference> {
+    let mut deleted = Vec::new();
+    for pod in pods {
+        let (ns, name) = (pod.namespace(), pod.name());
+        let params = DeleteParams {
+            preconditions: pod.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        match api.delete(&name, &params).await {
+            Ok(_) => {
+                let msg = format!(
+                    "deleted pod {ns}/{name} from node {node} without eviction: spec.drainTimeout {} passed (drainTimeoutAction: Force)",
+                    nm.spec.drain_timeout.as_deref().unwrap_or_default()
+                );
+                tracing::warn!(nodemaintenance = %nm.name_any(), pod = %format!("{ns}/{name}"), "{msg}");
+                ctx.events.warn(nm, EVENT_POD_FORCE_DELETED, &msg).await;
+                deleted.push(pod.reference());
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => {
+                tracing::warn!(nodemaintenance = %nm.name_any(), pod = %format!("{ns}/{name}"), error = %e,
+                "force deletion failed; retrying next round. Check the controller may delete pods")
+            }
+        }
+    }
+    deleted
+}
+
+/// The one way a maintenance ends for its node (drain deadline, lease lost,
+/// node gone, deletion, a panic): undo what we did to the node, if it still
+/// exists, then release its medik8s lease.
+pub(super) async fn give_back(
+    ctx: &Ctx,
+    node_name: &str,
+    node: Option<&Node>,
+) -> Result<(), Error> {
+    if let Some(node) = node {
+        // Say UncordonNode only when that changed something (a retried
+        // cleanup finds the node already given back and says nothing).
+        if let Some(ops) = node::exit_patch(node) {
+            patch_node(ctx, &node.name_any(), ops, "give back").await?;
+            ctx.events.on(node, EVENT_UNCORDON_NODE).await;
+        }
+    }
+    ctx.leases.release(node_name).await?;
+    Ok(())
+}
+
+/// A deleted NodeMaintenance: give the node back (`node`: Some when this
+/// one had it; Some(None) when the node is gone), then remove the
+/// finalizer; RemovedMaintenance once that worked. A finalizer that cannot
+/// be removed (e.g. the webhook is down) is retried without repeating
+/// events: the node is already given back by then.
+async fn cleanup(
+    ctx: &Ctx,
+    nm: &NodeMaintenance,
+    node: Option<Option<&Node>>,
+) -> Result<(), Error> {
+    let (name, node_name) = (nm.name_any(), nm.spec.node_name.clone());
+    if let Some(node) = node {
+        if node.is_none() {
+            tracing::info!(nodemaintenance = %name, node = %node_name, "node already gone");
+        }
+        give_back(ctx, &node_name, node).await?;
+        tracing::info!(nodemaintenance = %name, node = %node_name, "maintenance ended: node given back, lease released");
+    }
+    let rest: Vec<String> = nm
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    let nm = set_finalizers(ctx, nm, rest).await?;
+    // The object goes now: nothing of ours to remember about it.
+    ctx.own_writes.forget(&name);
+    if node.is_some() {
+        ctx.node_cache.retire(&node_name);
+    }
+    ctx.events.on(&nm, EVENT_REMOVED_MAINTENANCE).await;
+    Ok(())
+}

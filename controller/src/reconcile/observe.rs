@@ -1,0 +1,79 @@
+//! Observe: read what one pass decides on, once, into an [`Observed`]: the
+//! maintenance (the live copy when a cleanup may already be over), its
+//! slot, and its node when the pass needs it. A queue of waiting
+//! maintenances costs no API requests: the node is read only once admitted.
+//! The node's pods are listed by the steps that act on them (the drain round
+//! lists after the cordon, so Succeeded rests on a list taken after it).
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use shared::consts::FINALIZER;
+use shared::{NodeMaintenance, slots};
+
+use super::{Ctx, Error};
+use crate::plan::{Lifecycle, NodeSeen, Observed};
+
+pub(super) async fn observe(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Observed, Error> {
+    // A live read carries them; the copy is held for the whole pass.
+    shared::lean::forget_managed_fields(&mut nm.metadata);
+    let lifecycle = Observed::lifecycle_of(&nm);
+    if lifecycle == Lifecycle::Cleanup {
+        return Ok(match cleanup_due(&nm, ctx).await? {
+            Some(live) => with_node(observed(live, lifecycle), ctx).await?,
+            None => observed(nm, Lifecycle::Done),
+        });
+    }
+    let mut seen = observed(nm, lifecycle);
+    if lifecycle == Lifecycle::Apply {
+        let all: Vec<slots::Entry> = ctx
+            .store
+            .state()
+            .iter()
+            .map(|o| slots::Entry::of(o))
+            .collect();
+        let own = slots::Entry::of(&seen.nm);
+        seen.slot = Some(
+            ctx.admissions
+                .decide(&own, &all, ctx.max_concurrent_maintenances),
+        );
+    }
+    with_node(seen, ctx).await
+}
+
+/// `seen` with its node, when the pass needs it.
+async fn with_node(mut seen: Observed, ctx: &Ctx) -> Result<Observed, Error> {
+    if seen.needs_node() {
+        seen.node = match ctx.read_node(&seen.nm.spec.node_name).await? {
+            Some(node) => NodeSeen::Present(Box::new(node)),
+            None => NodeSeen::Gone,
+        };
+    }
+    Ok(seen)
+}
+
+fn observed(nm: NodeMaintenance, lifecycle: Lifecycle) -> Observed {
+    Observed {
+        nm,
+        lifecycle,
+        slot: None,
+        node: NodeSeen::NotRead,
+        now: Timestamp::now(),
+    }
+}
+
+/// The live object of a deleted maintenance whose cleanup is still due. The
+/// cache can hand us an object whose cleanup already finished (our own node
+/// patch re-queues it); a later maintenance of the same node may hold the
+/// node by now. Only the live object says whether this cleanup is due.
+async fn cleanup_due(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Option<NodeMaintenance>, Error> {
+    Ok(match ctx.read_live(&nm.name_any()).await? {
+        Some(mut live)
+            if live.metadata.uid == nm.metadata.uid
+                && live.finalizers().iter().any(|f| f == FINALIZER) =>
+        {
+            shared::lean::forget_managed_fields(&mut live.metadata);
+            Some(live)
+        }
+        _ => None,
+    })
+}
