@@ -133,3 +133,107 @@ impl Metrics {
         self.latency_seconds.with_label_values(&[webhook])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use prometheus::{Encoder, TextEncoder};
+
+    use super::*;
+
+    /// The /metrics text as the registry's encoder writes it, with every
+    /// labelled series touched once.
+    fn exposition() -> String {
+        let m = Metrics::new().expect("metrics");
+        m.requests_total
+            .with_label_values(&["200", "/validate"])
+            .inc();
+        m.latency_for("/validate").observe(0.003);
+        m.review_duration_seconds.observe(0.000_07);
+        m.requests_in_flight
+            .with_label_values(&["/validate"])
+            .set(2);
+        m.decisions_total
+            .with_label_values(&["CREATE", "true", "allowed"])
+            .inc();
+        m.certificate_not_after_seconds.set(1_900_000_000);
+        m.certificate_reloads_total
+            .with_label_values(&["success"])
+            .inc();
+        m.cache_ready.with_label_values(&["nodes"]).set(1);
+        m.openshift.set(1);
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&m.registry.gather(), &mut buf)
+            .expect("encode");
+        String::from_utf8(buf).expect("utf-8")
+    }
+
+    /// Dashboards and alerts read these names, labels, help texts and
+    /// buckets: any change here is a change for them.
+    #[test]
+    fn the_exposition_stays_as_dashboards_know_it() {
+        let got = exposition();
+        for (i, (got, want)) in got.lines().zip(EXPOSITION.lines()).enumerate() {
+            assert_eq!(got, want, "line {}", i + 1);
+        }
+        assert_eq!(got, EXPOSITION);
+    }
+
+    const EXPOSITION: &str = r#"# HELP controller_runtime_webhook_latency_seconds Histogram of the latency of processing admission requests
+# TYPE controller_runtime_webhook_latency_seconds histogram
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="0.005"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="0.01"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="0.025"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="0.05"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="0.1"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="0.25"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="0.5"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="1"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="2.5"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="5"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="10"} 1
+controller_runtime_webhook_latency_seconds_bucket{webhook="/validate",le="+Inf"} 1
+controller_runtime_webhook_latency_seconds_sum{webhook="/validate"} 0.003
+controller_runtime_webhook_latency_seconds_count{webhook="/validate"} 1
+# HELP controller_runtime_webhook_requests_in_flight Current number of admission requests being served.
+# TYPE controller_runtime_webhook_requests_in_flight gauge
+controller_runtime_webhook_requests_in_flight{webhook="/validate"} 2
+# HELP controller_runtime_webhook_requests_total Total number of admission requests by HTTP status code.
+# TYPE controller_runtime_webhook_requests_total counter
+controller_runtime_webhook_requests_total{code="200",webhook="/validate"} 1
+# HELP nmo_webhook_cache_ready 1 once the named watch cache holds its first complete list.
+# TYPE nmo_webhook_cache_ready gauge
+nmo_webhook_cache_ready{cache="nodes"} 1
+# HELP nmo_webhook_certificate_not_after_seconds Expiry (notAfter) of the serving certificate currently in use, as unix time.
+# TYPE nmo_webhook_certificate_not_after_seconds gauge
+nmo_webhook_certificate_not_after_seconds 1900000000
+# HELP nmo_webhook_certificate_reloads_total Serving certificate reloads after a change on disk, by result (success, failure).
+# TYPE nmo_webhook_certificate_reloads_total counter
+nmo_webhook_certificate_reloads_total{result="failure"} 0
+nmo_webhook_certificate_reloads_total{result="success"} 1
+# HELP nmo_webhook_decisions_total Admission decisions by operation, outcome and reason.
+# TYPE nmo_webhook_decisions_total counter
+nmo_webhook_decisions_total{allowed="true",operation="CREATE",reason="allowed"} 1
+# HELP nmo_webhook_openshift 1 when the etcd quorum rule for control-plane nodes applies (OpenShift).
+# TYPE nmo_webhook_openshift gauge
+nmo_webhook_openshift 1
+# HELP nmo_webhook_review_duration_seconds Time from an admission request reaching the handler to its answer, in seconds.
+# TYPE nmo_webhook_review_duration_seconds histogram
+nmo_webhook_review_duration_seconds_bucket{le="0.000025"} 0
+nmo_webhook_review_duration_seconds_bucket{le="0.00005"} 0
+nmo_webhook_review_duration_seconds_bucket{le="0.0001"} 1
+nmo_webhook_review_duration_seconds_bucket{le="0.00025"} 1
+nmo_webhook_review_duration_seconds_bucket{le="0.0005"} 1
+nmo_webhook_review_duration_seconds_bucket{le="0.001"} 1
+nmo_webhook_review_duration_seconds_bucket{le="0.002"} 1
+nmo_webhook_review_duration_seconds_bucket{le="0.005"} 1
+nmo_webhook_review_duration_seconds_bucket{le="0.01"} 1
+nmo_webhook_review_duration_seconds_bucket{le="0.025"} 1
+nmo_webhook_review_duration_seconds_bucket{le="0.1"} 1
+nmo_webhook_review_duration_seconds_bucket{le="0.25"} 1
+nmo_webhook_review_duration_seconds_bucket{le="1"} 1
+nmo_webhook_review_duration_seconds_bucket{le="+Inf"} 1
+nmo_webhook_review_duration_seconds_sum 0.00007
+nmo_webhook_review_duration_seconds_count 1
+"#;
+}
