@@ -16,6 +16,7 @@ pub mod review;
 pub mod server;
 pub mod tls;
 pub mod validate;
+pub mod warning_lookups;
 pub mod warnings;
 
 use std::sync::Arc;
@@ -103,7 +104,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
     let caches = cache::Caches::start(
         client.clone(),
         config.openshift,
-        cache::WarningSettings {
+        warning_lookups::WarningSettings {
             max_concurrent_maintenances: config.max_concurrent_maintenances,
             timeout: config.warnings_timeout,
         },
