@@ -1,7 +1,9 @@
 //! Watch caches the decisions are served from (never a LIST per request):
 //! NodeMaintenances, Node metadata and, on OpenShift only, the PodDisruptionBudgets
 //! and pods of `openshift-etcd`. Each cache opens its readiness gate once it
-//! holds its first complete list.
+//! holds its first complete list. `Caches` answers the decision's
+//! [`Lookups`] from them; its one call outside a cache is the GET that
+//! confirms a node the node cache has not seen yet (`confirm_node`).
 //!
 //! The admission warnings read a cluster-wide PodDisruptionBudget cache (few
 //! objects; it never gates readiness: warnings must not stop admissions);

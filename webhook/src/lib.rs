@@ -1,10 +1,11 @@
 //! nmo-webhook: the validating admission webhook for NodeMaintenance objects.
 //!
 //! `run` wires the parts: certificate (`tls`), watch caches (`cache`), the pure
-//! decision (`validate`) behind the hardened TLS endpoint (`server`), probes on
-//! their own plain-HTTP port, metrics on theirs (HTTPS with TokenReview and
-//! SubjectAccessReview unless --metrics-secure=false), and graceful shutdown on
-//! SIGTERM/SIGINT.
+//! decision (`validate`) behind the hardened TLS endpoint (`server`), the
+//! admission warnings (`warnings`, their API lookups `warning_lookups`),
+//! probes on their own plain-HTTP port, metrics (`metrics`) on theirs (HTTPS
+//! with TokenReview and SubjectAccessReview unless --metrics-secure=false),
+//! and graceful shutdown on SIGTERM/SIGINT.
 
 pub mod body;
 pub mod cache;
