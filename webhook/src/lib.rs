@@ -1,10 +1,11 @@
 //! nmo-webhook: the validating admission webhook for NodeMaintenance objects.
 //!
 //! `run` wires the parts: certificate (`tls`), watch caches (`cache`), the pure
-//! decision (`validate`) behind the hardened TLS endpoint (`server`), probes on
-//! their own plain-HTTP port, metrics on theirs (HTTPS with TokenReview and
-//! SubjectAccessReview unless --metrics-secure=false), and graceful shutdown on
-//! SIGTERM/SIGINT.
+//! decision (`validate`) behind the hardened TLS endpoint (`server`), the
+//! admission warnings (`warnings`, their API lookups `warning_lookups`),
+//! probes on their own plain-HTTP port, metrics (`metrics`) on theirs (HTTPS
+//! with TokenReview and SubjectAccessReview unless --metrics-secure=false),
+//! and graceful shutdown on SIGTERM/SIGINT.
 
 pub mod body;
 pub mod cache;
@@ -16,9 +17,13 @@ pub mod review;
 pub mod server;
 pub mod tls;
 pub mod validate;
+pub mod warning_lookups;
 pub mod warnings;
 
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -103,17 +108,47 @@ pub async fn run(config: Config) -> Result<(), Error> {
     let caches = cache::Caches::start(
         client.clone(),
         config.openshift,
-        cache::WarningSettings {
+        warning_lookups::WarningSettings {
             max_concurrent_maintenances: config.max_concurrent_maintenances,
             timeout: config.warnings_timeout,
         },
         &readiness,
         &metrics,
     );
+    serve_probes_and_metrics(&config, listeners.probes, &readiness, &metrics, client).await?;
+    tokio::spawn(tls::watch_for_changes(
+        resolver,
+        config.cert_reload_interval,
+        signals.requested(),
+    ));
 
+    let state = app_state(&config, caches, metrics);
+    let stop_accepting = stop_accepting(&readiness, &signals, config.shutdown_delay);
+    server::serve(
+        listener,
+        tls_config,
+        server::router(state).layer(server::close_connections_when(move || {
+            readiness.is_shutting_down()
+        })),
+        serve_options(&config),
+        stop_accepting,
+    )
+    .await;
+    tracing::info!("webhook stopped");
+    Ok(())
+}
+
+/// Start the probe and metrics servers, when their addresses are set.
+async fn serve_probes_and_metrics(
+    config: &Config,
+    probes: Option<SocketAddr>,
+    readiness: &Readiness,
+    metrics: &Metrics,
+    client: Client,
+) -> Result<(), Error> {
     // Probes and metrics keep answering until the process exits, so /readyz
     // reports "shutting down" while in-flight reviews finish.
-    if let Some(addr) = listeners.probes {
+    if let Some(addr) = probes {
         let serving = bind_and_serve(
             "health probes",
             addr,
@@ -135,13 +170,12 @@ pub async fn run(config: Config) -> Result<(), Error> {
         .await?;
         tokio::spawn(serving);
     }
-    tokio::spawn(tls::watch_for_changes(
-        resolver,
-        config.cert_reload_interval,
-        signals.requested(),
-    ));
+    Ok(())
+}
 
-    let state = AppState::new(
+/// The review handler's state: the caches, the policy, the limits.
+fn app_state(config: &Config, caches: Arc<cache::Caches>, metrics: Metrics) -> AppState {
+    AppState::new(
         caches,
         server::Policy {
             allow_force_drain: config.allow_force_drain,
@@ -152,36 +186,34 @@ pub async fn run(config: Config) -> Result<(), Error> {
             request_timeout: config.request_timeout,
             max_concurrent_reviews: config.max_concurrent_reviews as usize,
         },
-    );
-    let opts = ServeOptions {
+    )
+}
+
+/// The TLS listener's connection limits and timeouts.
+fn serve_options(config: &Config) -> ServeOptions {
+    ServeOptions {
         max_connections: config.max_connections as usize,
         tls_handshake_timeout: config.tls_handshake_timeout,
         idle_timeout: config.idle_timeout,
         enable_http2: config.runtime.enable_http2,
         shutdown_timeout: config.shutdown_timeout,
-    };
-    let shutdown_delay = config.shutdown_delay;
-    let stop_accepting = {
-        let failing = readiness.fail_after(signals.requested());
-        async move {
-            failing.await;
-            // Endpoints need a moment to drop this replica: keep serving.
-            if !shutdown_delay.is_zero() {
-                tracing::info!(delay = ?shutdown_delay, "serving on during --shutdown-delay");
-                tokio::time::sleep(shutdown_delay).await;
-            }
+    }
+}
+
+/// Done when the webhook should stop accepting: on SIGTERM/SIGINT /readyz
+/// fails at once, and the listener stays open for --shutdown-delay more.
+fn stop_accepting(
+    readiness: &Readiness,
+    signals: &shared::shutdown::Signals,
+    shutdown_delay: Duration,
+) -> impl Future<Output = ()> + Send + 'static {
+    let failing = readiness.fail_after(signals.requested());
+    async move {
+        failing.await;
+        // Endpoints need a moment to drop this replica: keep serving.
+        if !shutdown_delay.is_zero() {
+            tracing::info!(delay = ?shutdown_delay, "serving on during --shutdown-delay");
+            tokio::time::sleep(shutdown_delay).await;
         }
-    };
-    server::serve(
-        listener,
-        tls_config,
-        server::router(state).layer(server::close_connections_when(move || {
-            readiness.is_shutting_down()
-        })),
-        opts,
-        stop_accepting,
-    )
-    .await;
-    tracing::info!("webhook stopped");
-    Ok(())
+    }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -179,26 +180,16 @@ async fn handle(st: &Inner, req: Request, start: Instant) -> Response {
 async fn answer(st: &Inner, req: Request, start: Instant) -> Answer {
     let limits = &st.limits;
     // Wait for a slot, but not forever: an overloaded webhook says so (429).
-    let _permit = match tokio::time::timeout(limits.request_timeout, st.permits.acquire()).await {
-        Ok(Ok(p)) => p,
-        _ => {
-            let reusable = body::discard(
-                req.into_body(),
-                limits.max_body_bytes,
-                limits.request_timeout,
-            )
-            .await;
-            return Answer {
-                resp: plain(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    format!(
-                        "webhook busy: more than {} reviews in progress for {:?}; retry later or raise --max-concurrent-reviews",
-                        limits.max_concurrent_reviews, limits.request_timeout
-                    ),
-                ),
-                reusable,
-            };
-        }
+    let Ok(Ok(_permit)) = tokio::time::timeout(limits.request_timeout, st.permits.acquire()).await
+    else {
+        let resp = plain(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "webhook busy: more than {} reviews in progress for {:?}; retry later or raise --max-concurrent-reviews",
+                limits.max_concurrent_reviews, limits.request_timeout
+            ),
+        );
+        return refuse(req, limits, resp).await;
     };
     if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
         if !is_json(ct) {
@@ -208,21 +199,36 @@ async fn answer(st: &Inner, req: Request, start: Instant) -> Answer {
                     "content type {ct:?} not supported: send the AdmissionReview as application/json"
                 ),
             );
-            let reusable = body::discard(
-                req.into_body(),
-                limits.max_body_bytes,
-                limits.request_timeout,
-            )
-            .await;
-            return Answer { resp, reusable };
+            return refuse(req, limits, resp).await;
         }
     }
+    match read_body(req, limits).await {
+        Ok(bytes) => review_answer(st, &bytes, start).await.into(),
+        Err(answer) => answer,
+    }
+}
+
+/// `resp` to a request whose body is not wanted: the body is read and
+/// dropped (within the limits) so the connection can serve the next one.
+async fn refuse(req: Request, limits: &Limits, resp: Response) -> Answer {
+    let reusable = body::discard(
+        req.into_body(),
+        limits.max_body_bytes,
+        limits.request_timeout,
+    )
+    .await;
+    Answer { resp, reusable }
+}
+
+/// The whole request body within the limits, or the answer saying why not
+/// (413, 408, 400).
+async fn read_body(req: Request, limits: &Limits) -> Result<Bytes, Answer> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let bytes = match body::read(
+    match body::read(
         req.into_body(),
         declared,
         limits.max_body_bytes,
@@ -230,37 +236,35 @@ async fn answer(st: &Inner, req: Request, start: Instant) -> Answer {
     )
     .await
     {
-        body::Read::Complete(bytes) => bytes,
-        body::Read::TooLarge { drained } => {
-            return Answer {
-                resp: too_large(limits.max_body_bytes),
-                reusable: drained,
-            };
-        }
-        body::Read::TimedOut => {
-            return Answer {
-                resp: plain(
-                    StatusCode::REQUEST_TIMEOUT,
-                    format!(
-                        "request body not received within {:?}",
-                        limits.request_timeout
-                    ),
+        body::Read::Complete(bytes) => Ok(bytes),
+        body::Read::TooLarge { drained } => Err(Answer {
+            resp: too_large(limits.max_body_bytes),
+            reusable: drained,
+        }),
+        body::Read::TimedOut => Err(Answer {
+            resp: plain(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "request body not received within {:?}",
+                    limits.request_timeout
                 ),
-                reusable: false,
-            };
-        }
-        body::Read::Failed(e) => {
-            return Answer {
-                resp: plain(
-                    StatusCode::BAD_REQUEST,
-                    format!("cannot read the request body: {e}"),
-                ),
-                reusable: false,
-            };
-        }
-    };
+            ),
+            reusable: false,
+        }),
+        body::Read::Failed(e) => Err(Answer {
+            resp: plain(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the request body: {e}"),
+            ),
+            reusable: false,
+        }),
+    }
+}
 
-    let request = match review::decode(&bytes) {
+/// The answer to a review read whole: decoded, decided, counted and logged,
+/// with the warnings of an allowed CREATE.
+async fn review_answer(st: &Inner, bytes: &[u8], start: Instant) -> Response {
+    let request = match review::decode(bytes) {
         Ok(r) => r,
         Err(e) => {
             return match e.uid {
@@ -270,8 +274,7 @@ async fn answer(st: &Inner, req: Request, start: Instant) -> Answer {
                     json(review::encode_response(&uid, false, d.code, &d.message))
                 }
                 None => plain(StatusCode::BAD_REQUEST, e.message),
-            }
-            .into();
+            };
         }
     };
     let decision = decide_confirmed(&request, st.lookups.as_ref(), st.policy).await;
@@ -296,7 +299,6 @@ async fn answer(st: &Inner, req: Request, start: Instant) -> Answer {
         &decision.message,
         &warnings,
     ))
-    .into()
 }
 
 /// The warnings for an allowed CREATE, after its decision was made and

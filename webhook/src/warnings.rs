@@ -6,7 +6,7 @@
 //! PodDisruptionBudgets of their namespaces, KubeVirt VMIs, the maintenance
 //! slots), so every case is unit-tested without a cluster; the facts come from
 //! [`PodFacts::of`], [`PdbFacts::of`] and [`vmi_not_migratable`] over API
-//! objects, gathered by `cache::Caches::warnings` within a time budget.
+//! objects, gathered by `warning_lookups` within a time budget.
 //! Warnings never deny and never delay a decision: they are computed only for
 //! an allowed CREATE, after the decision.
 
