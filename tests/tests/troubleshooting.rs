@@ -737,7 +737,7 @@ fn the_guides_own_links_resolve() {
 
 /// Every condition reason the controller writes (controller/src/conditions.rs)
 /// and every event reason it records (shared/src/consts.rs, the `EVENT_*`
-/// constants of controller/src/reconcile.rs) is named in the guide, in
+/// constants of controller/src/reconcile/mod.rs) is named in the guide, in
 /// backticks: a new reason needs its section.
 #[test]
 fn every_condition_and_event_reason_is_in_the_guide() {
@@ -777,7 +777,7 @@ fn every_condition_and_event_reason_is_in_the_guide() {
             reasons.extend(quoted(line));
         }
     }
-    for line in source("controller/src/reconcile.rs").lines() {
+    for line in source("controller/src/reconcile/mod.rs").lines() {
         if line.trim().starts_with("const EVENT_") {
             reasons.extend(quoted(line));
         }
