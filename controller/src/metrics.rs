@@ -629,6 +629,64 @@ mod tests {
         let _ = svc.ready().await.expect("ready").call(req).await;
     }
 
+    /// `text` with the values of the series named in `timed` (their
+    /// observations are wall-clock times) replaced by `T`.
+    fn untimed(text: &str, timed: &[&str]) -> String {
+        let mut out = String::new();
+        for line in text.lines() {
+            match line.rsplit_once(' ') {
+                Some((series, _)) if timed.iter().any(|t| series.starts_with(t)) => {
+                    out.push_str(series);
+                    out.push_str(" T");
+                }
+                _ => out.push_str(line),
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The exposition is a contract (controller-runtime's and client-go's
+    /// names, help, labels and buckets; every series at zero from the start):
+    /// a fresh registry, and one after a recorded observation of each kind,
+    /// render exactly as testdata/ says.
+    #[tokio::test]
+    async fn the_exposition_is_exactly_the_expected_text() {
+        let m = Metrics::new().expect("metrics");
+        assert_eq!(render(&m), include_str!("testdata/metrics_fresh.txt"));
+        m.register_kept_entries(|| vec![("node_cache", 2), ("own_writes", 0)])
+            .expect("register");
+        m.set_max_concurrent_reconciles(1);
+        m.leader("135b1886.medik8s.io", true);
+        m.queue.added("later", Duration::from_secs(3600));
+        m.queue.started("a");
+        m.record(
+            "a",
+            ReconcileResult::RequeueAfter(Duration::from_secs(3600)),
+            0.3,
+        );
+        m.queue.started("b");
+        m.record("b", ReconcileResult::Success, 0.002);
+        m.queue.started("c");
+        m.record("c", ReconcileResult::Panic, 7.0);
+        m.queue.started("d");
+        m.record("d", ReconcileResult::Requeue(Duration::from_secs(5)), 70.0);
+        m.eviction("evicted");
+        m.eviction("blocked");
+        one_request(&m, 200).await;
+        one_request(&m, 0).await;
+        m.observe("nm-1", "node-1", &MaintenancePhase::Running, 40, 3);
+        // Waits (queue_duration) are not observed here: no key became ready.
+        let timed = [
+            "rest_client_request_duration_seconds_bucket",
+            "rest_client_request_duration_seconds_sum",
+        ];
+        assert_eq!(
+            untimed(&render(&m), &timed),
+            include_str!("testdata/metrics_observed.txt")
+        );
+    }
+
     #[tokio::test]
     async fn every_upstream_series_is_exposed_after_one_reconcile() {
         let m = Metrics::new().expect("metrics");
