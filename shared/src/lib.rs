@@ -10,7 +10,7 @@
 //!   (reconnect back-off), [`namespace`], and [`metrics_auth`] (TokenReview
 //!   and SubjectAccessReview for /metrics);
 //! - service plumbing both binaries start the same way: [`tls`], [`https`],
-//!   [`probes`], [`metrics_server`], [`telemetry`], [`logwriter`], [`zap`],
+//!   [`probes`], [`metrics_server`], [`series`], [`telemetry`], [`logwriter`], [`zap`],
 //!   [`goflags`], [`shutdown`].
 
 pub mod consts;
@@ -28,6 +28,7 @@ pub mod namespace;
 pub mod nodes;
 pub mod probes;
 pub mod quorum;
+pub mod series;
 pub mod shutdown;
 pub mod slots;
 pub mod telemetry;
