@@ -84,8 +84,9 @@ impl Cause {
 }
 
 /// The conditions for `status`, written because of `cause`, with the node
-/// in maintenance or not and `migrating` of its pods VMs live-migrating away. A condition keeps its lastTransitionTime while its
-/// status stays (taken from `old`); `now` stamps the ones that change.
+/// in maintenance or not and `migrating` of its pods VMs live-migrating
+/// away. A condition keeps its lastTransitionTime while its status stays
+/// (taken from `old`); `now` stamps the ones that change.
 /// Ordered so the most telling comes first (`kubectl get` shows True reasons
 /// in this order).
 pub fn conditions(
@@ -100,48 +101,25 @@ pub fn conditions(
     let phase = status.phase.as_ref();
     let failed = phase == Some(&MaintenancePhase::Failed);
     let queued = phase == Some(&MaintenancePhase::Pending);
-    let drained = phase == Some(&MaintenancePhase::Succeeded);
     let blocked = !failed && !queued && cause.blocks();
-    let pods_left = status.pending_pods.len();
     let mut out = Vec::with_capacity(5);
     let mut push = |type_: &str, on: bool, reason: &str, message: String| {
         out.push(condition(old, type_, on, reason, message, generation, now));
     };
-    if failed {
-        push(FAILED, true, cause.as_str(), status.last_error.clone());
-    } else {
-        push(FAILED, false, "NotFailed", String::new());
+    // True with lastError as the message, or False with their "Not" reason.
+    for (type_, on, reason, off_reason) in [
+        (FAILED, failed, cause.as_str(), "NotFailed"),
+        (BLOCKED, blocked, cause.as_str(), "NotBlocked"),
+        (QUEUED, queued, "WaitingForSlot", "NotQueued"),
+    ] {
+        if on {
+            push(type_, true, reason, status.last_error.clone());
+        } else {
+            push(type_, false, off_reason, String::new());
+        }
     }
-    if blocked {
-        push(BLOCKED, true, cause.as_str(), status.last_error.clone());
-    } else {
-        push(BLOCKED, false, "NotBlocked", String::new());
-    }
-    if queued {
-        push(QUEUED, true, "WaitingForSlot", status.last_error.clone());
-    } else {
-        push(QUEUED, false, "NotQueued", String::new());
-    }
-    if drained {
-        push(
-            DRAINED,
-            true,
-            "DrainComplete",
-            format!(
-                "all {} pods that had to leave have left",
-                status.eviction_pods
-            ),
-        );
-    } else if cordoned {
-        push(
-            DRAINED,
-            false,
-            "Draining",
-            draining_message(pods_left, status.eviction_pods, migrating),
-        );
-    } else {
-        push(DRAINED, false, "NotStarted", String::new());
-    }
+    let (on, reason, message) = drained(status, cordoned, migrating);
+    push(DRAINED, on, reason, message);
     if cordoned {
         push(
             CORDONED,
@@ -153,6 +131,24 @@ pub fn conditions(
         push(CORDONED, false, "NodeSchedulable", String::new());
     }
     out
+}
+
+/// The Drained condition's status (True once the phase is Succeeded),
+/// reason and message.
+fn drained(status: &Status, cordoned: bool, migrating: usize) -> (bool, &'static str, String) {
+    if status.phase == Some(MaintenancePhase::Succeeded) {
+        let message = format!(
+            "all {} pods that had to leave have left",
+            status.eviction_pods
+        );
+        (true, "DrainComplete", message)
+    } else if cordoned {
+        let left = status.pending_pods.len();
+        let message = draining_message(left, status.eviction_pods, migrating);
+        (false, "Draining", message)
+    } else {
+        (false, "NotStarted", String::new())
+    }
 }
 
 fn draining_message(left: usize, of: i64, migrating: usize) -> String {

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use clap::{ArgAction, Parser};
+use clap::Parser;
 use shared::consts::LEADER_ELECTION_LEASE_NAME;
-use shared::goflags::go_bool;
+use shared::goflags::GoBoolFlag as _;
 use shared::telemetry::RuntimeFlags;
 
 #[derive(Parser, Debug, Clone)]
@@ -22,9 +22,7 @@ pub struct Config {
     pub runtime: RuntimeFlags,
 
     /// Elect a leader among replicas through a Lease; only the leader reconciles and writes status.
-    #[arg(long, env = "LEADER_ELECT", default_value = "false", value_parser = go_bool,
-          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
-          default_missing_value = "true")]
+    #[arg(long, env = "LEADER_ELECT", go_bool_default = false)]
     pub leader_elect: bool,
 
     /// Name of the leader election Lease (upstream's name, so an upgrade never runs two leaders).
@@ -67,9 +65,7 @@ pub struct Config {
     /// bypassed). Off (the default): such a maintenance fails at its deadline
     /// as with Fail, naming this flag. A cluster admin's choice: set by
     /// manifests/components/force-drain, which also grants delete on pods.
-    #[arg(long, env = "ALLOW_FORCE_DRAIN", default_value = "false", value_parser = go_bool,
-          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
-          default_missing_value = "true")]
+    #[arg(long, env = "ALLOW_FORCE_DRAIN", go_bool_default = false)]
     pub allow_force_drain: bool,
 
     /// A KubeVirt VM being live-migrated off the node (KubeVirt answered the

@@ -220,35 +220,41 @@ impl Blockers {
                     }
                 }
             }
-            Ok(watcher::Event::InitDone) => {
-                let Some(w) = self.watched.get_mut(node) else {
-                    return;
-                };
-                if !std::mem::replace(&mut w.listed, true) {
-                    tracing::debug!(%node, "watching the pods of node {node} under maintenance");
-                    self.up.set(node, true);
-                    let present = std::mem::take(&mut w.first_list);
-                    let why = format!("a pending pod left node {node} before its pod watch began");
-                    let gone: Vec<_> = draining(&self.store.state())
-                        .filter(|nm| nm.spec.node_name == node)
-                        .filter(|nm| {
-                            pending(nm)
-                                .iter()
-                                .any(|p| !present.contains(&(p.namespace.clone(), p.name.clone())))
-                        })
-                        .cloned()
-                        .collect();
-                    for nm in gone {
-                        self.wake(&nm, &why);
-                    }
-                    return;
-                }
-                let why = format!("the pod watch of node {node} listed again (it had lost track)");
-                for nm in draining(&self.store.state()).filter(|nm| nm.spec.node_name == node) {
-                    self.wake(nm, &why);
-                }
-            }
+            Ok(watcher::Event::InitDone) => self.pods_listed(node),
             Err(e) => log_watch_error(&format!("pods (spec.nodeName={node})"), &e),
+        }
+    }
+
+    /// The pod watch of `node` finished a full list. The first one: the
+    /// watch is up, and the maintenances waiting for a pod that was not in
+    /// it (it left before the watch began) retry now. A later one: the watch
+    /// had lost track, every maintenance of the node retries.
+    fn pods_listed(&mut self, node: &str) {
+        let Some(w) = self.watched.get_mut(node) else {
+            return;
+        };
+        if !std::mem::replace(&mut w.listed, true) {
+            tracing::debug!(%node, "watching the pods of node {node} under maintenance");
+            self.up.set(node, true);
+            let present = std::mem::take(&mut w.first_list);
+            let why = format!("a pending pod left node {node} before its pod watch began");
+            let gone: Vec<_> = draining(&self.store.state())
+                .filter(|nm| nm.spec.node_name == node)
+                .filter(|nm| {
+                    pending(nm)
+                        .iter()
+                        .any(|p| !present.contains(&(p.namespace.clone(), p.name.clone())))
+                })
+                .cloned()
+                .collect();
+            for nm in gone {
+                self.wake(&nm, &why);
+            }
+            return;
+        }
+        let why = format!("the pod watch of node {node} listed again (it had lost track)");
+        for nm in draining(&self.store.state()).filter(|nm| nm.spec.node_name == node) {
+            self.wake(nm, &why);
         }
     }
 

@@ -5,9 +5,13 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
-use futures::StreamExt;
-use kube::runtime::{Controller, controller, reflector};
-use shared::probes::Readiness;
+use futures::channel::mpsc::UnboundedReceiver;
+use futures::{Stream, StreamExt};
+use kube::Client;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{Controller, controller, watcher};
+use shared::NodeMaintenance;
+use shared::probes::{Gate, Readiness};
 
 use nmo_controller::config::Config;
 use nmo_controller::reconcile::{Ctx, MAX_CONCURRENT_RECONCILES, error_policy, reconcile};
@@ -54,73 +58,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let (leadership, election) =
         leadership::Leadership::start(client.clone(), &cfg, &metrics).await?;
     let (store, writer) = reflector::store();
-    let selector = &cfg.nodemaintenance_selector;
     let ctx = Arc::new(Ctx::new(&cfg, clients, store.clone(), metrics, &leadership));
-    let (nms, relisted) = watches::nodemaintenances(
-        client.clone(),
-        selector,
-        writer,
-        gate,
-        ctx.metrics.clone(),
-        {
-            let ctx = Arc::downgrade(&ctx);
-            move |nm: &shared::NodeMaintenance| {
-                if let Some(ctx) = ctx.upgrade() {
-                    ctx.cache_saw(nm);
-                }
-            }
-        },
-        {
-            let ctx = Arc::downgrade(&ctx);
-            move |name: &str| {
-                if let Some(ctx) = ctx.upgrade() {
-                    ctx.forget_maintenance(name);
-                }
-            }
-        },
-    );
-    let kept = Arc::downgrade(&ctx);
-    ctx.metrics
-        .register_kept_entries(move || {
-            kept.upgrade()
-                .map(|c| c.kept_entries().to_vec())
-                .unwrap_or_default()
-        })
-        .context("registering nmo_controller_kept_entries")?;
+    let selector = &cfg.nodemaintenance_selector;
+    let nms = watch_maintenances(&ctx, client.clone(), selector, writer, gate);
+    register_kept_entries(&ctx)?;
     let stop = readiness.fail_after(signals.requested());
-    let (queue, limit) = (ctx.metrics.queue.clone(), MAX_CONCURRENT_RECONCILES);
-    ctx.metrics.set_max_concurrent_reconciles(limit.into());
-    // Won the Lease, or the NodeMaintenance watch listed again: reconcile all.
-    let everything = futures::stream::select(leadership.acquired(ctx.metrics.clone()), relisted);
-    let everything = watches::reconcile_all(everything, store.clone(), queue.clone());
-    let unblocked = drain_wakes::wakes(
-        client.clone(),
-        store.clone(),
-        queue.clone(),
-        ctx.departures_watched.clone(),
-    );
-    let node_cache = ctx.node_cache.clone();
-    let nodes = watches::nodes(client, node_cache.clone());
-    let controller = Controller::for_stream(nms, store.clone())
-        .with_config(controller::Config::default().concurrency(limit))
-        // Its own pause after a watch error grows to 30 s; ours reconnects
-        // within 0.1-2 s (shared::watch).
-        .trigger_backoff(shared::watch::reconnect_backoff())
-        .watches_stream(nodes, move |n| {
-            watches::maintenances_of(&store, &n, &queue, &node_cache)
-        })
-        .reconcile_all_on(everything)
-        .reconcile_on(unblocked)
-        .graceful_shutdown_on(stop)
-        .run(reconcile, error_policy, ctx.clone())
-        .for_each(|r| async {
-            // Gone (deleted before its turn, or its finalizer removed by
-            // someone else): no longer queued, nothing kept for it.
-            if let Err(controller::Error::ObjectNotFound(o)) = r {
-                ctx.metrics.queue.forget(&o.name);
-                ctx.forget_maintenance(&o.name);
-            }
-        });
+    let controller = controller(ctx.clone(), client, store, nms, &leadership, stop);
     // A leader that loses the Lease exits (as controller-runtime does), so it
     // never writes alongside the new leader.
     tokio::select! {
@@ -135,4 +78,103 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     tracing::info!("nmo-controller stopped cleanly");
     Ok(())
+}
+
+/// The NodeMaintenance watch filling `writer`'s store (see
+/// `watches::nodemaintenances`), telling `ctx` what the cache saw and which
+/// maintenance is gone. Also: the receiver that fires on a re-list.
+fn watch_maintenances(
+    ctx: &Arc<Ctx>,
+    client: Client,
+    selector: &str,
+    writer: reflector::store::Writer<NodeMaintenance>,
+    gate: Gate,
+) -> (
+    impl Stream<Item = Result<NodeMaintenance, watcher::Error>> + Send + 'static,
+    UnboundedReceiver<()>,
+) {
+    let saw = Arc::downgrade(ctx);
+    let gone = Arc::downgrade(ctx);
+    watches::nodemaintenances(
+        client,
+        selector,
+        writer,
+        gate,
+        ctx.metrics.clone(),
+        move |nm: &NodeMaintenance| {
+            if let Some(ctx) = saw.upgrade() {
+                ctx.cache_saw(nm);
+            }
+        },
+        move |name: &str| {
+            if let Some(ctx) = gone.upgrade() {
+                ctx.forget_maintenance(name);
+            }
+        },
+    )
+}
+
+/// `nmo_controller_kept_entries`, sampled from `ctx` at each scrape.
+fn register_kept_entries(ctx: &Arc<Ctx>) -> anyhow::Result<()> {
+    let kept = Arc::downgrade(ctx);
+    ctx.metrics
+        .register_kept_entries(move || {
+            kept.upgrade()
+                .map(|c| c.kept_entries().to_vec())
+                .unwrap_or_default()
+        })
+        .context("registering nmo_controller_kept_entries")
+}
+
+/// The NodeMaintenance controller, reconciling on the watch `nms`, on node
+/// changes, on drain wakes, and everything when this replica wins the Lease
+/// or the watch re-listed; it ends once `stop` resolved and the reconciles
+/// in flight are done.
+fn controller(
+    ctx: Arc<Ctx>,
+    client: Client,
+    store: Store<NodeMaintenance>,
+    (nms, relisted): (
+        impl Stream<Item = Result<NodeMaintenance, watcher::Error>> + Send + 'static,
+        UnboundedReceiver<()>,
+    ),
+    leadership: &leadership::Leadership,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) -> impl Future<Output = ()> {
+    let (queue, limit) = (ctx.metrics.queue.clone(), MAX_CONCURRENT_RECONCILES);
+    ctx.metrics.set_max_concurrent_reconciles(limit.into());
+    // Won the Lease, or the NodeMaintenance watch listed again: reconcile all.
+    let everything = futures::stream::select(leadership.acquired(ctx.metrics.clone()), relisted);
+    let everything = watches::reconcile_all(everything, store.clone(), queue.clone());
+    let unblocked = drain_wakes::wakes(
+        client.clone(),
+        store.clone(),
+        queue.clone(),
+        ctx.departures_watched.clone(),
+    );
+    let node_cache = ctx.node_cache.clone();
+    let nodes = watches::nodes(client, node_cache.clone());
+    Controller::for_stream(nms, store.clone())
+        .with_config(controller::Config::default().concurrency(limit))
+        // Its own pause after a watch error grows to 30 s; ours reconnects
+        // within 0.1-2 s (shared::watch).
+        .trigger_backoff(shared::watch::reconnect_backoff())
+        .watches_stream(nodes, move |n| {
+            watches::maintenances_of(&store, &n, &queue, &node_cache)
+        })
+        .reconcile_all_on(everything)
+        .reconcile_on(unblocked)
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(move |r| {
+            let ctx = ctx.clone();
+            async move {
+                // Gone (deleted before its turn, or its finalizer removed by
+                // someone else): no longer queued, nothing kept for it.
+                if let Err(controller::Error::ObjectNotFound(o)) = r {
+                    ctx.metrics.queue.forget(&o.name);
+                    ctx.forget_maintenance(&o.name);
+                }
+            }
+        })
 }

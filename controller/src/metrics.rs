@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec, Registry};
 use shared::{MaintenancePhase, NodeMaintenance};
 
 use crate::queue_metrics::WorkQueue;
@@ -119,156 +119,79 @@ impl prometheus::core::Collector for KeptEntries {
     }
 }
 
+/// Shorthand for the controller label value in the table below.
+const C: &str = CONTROLLER_NAME;
+
+shared::series! {
+    /// Every series but the workqueue's (queue_metrics.rs) and the sampled
+    /// `nmo_controller_kept_entries`. The `zero` label sets exist from the
+    /// start, as controller-runtime's initMetrics makes them.
+    struct Series() {
+        reconcile_total: IntCounterVec("controller_runtime_reconcile_total",
+            "Total number of reconciliations per controller", ["controller", "result"],
+            zero [[C, "success"], [C, "error"], [C, "requeue"], [C, "requeue_after"]]),
+        reconcile_errors: IntCounterVec("controller_runtime_reconcile_errors_total",
+            "Total number of reconciliation errors per controller", ["controller"], zero [[C]]),
+        terminal_errors: IntCounterVec("controller_runtime_terminal_reconcile_errors_total",
+            "Total number of terminal reconciliation errors per controller", ["controller"],
+            zero [[C]]),
+        panics: IntCounterVec("controller_runtime_reconcile_panics_total",
+            "Total number of reconciliation panics per controller", ["controller"], zero [[C]]),
+        reconcile_time: HistogramVec("controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller", ["controller"],
+            buckets = RECONCILE_TIME_BUCKETS, zero [[C]]),
+        max_concurrent: IntGaugeVec("controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller", ["controller"], zero [[C]]),
+        phase: IntGaugeVec("nmo_nodemaintenance_phase",
+            "1 for the current phase of each NodeMaintenance, 0 for the others",
+            ["name", "node", "phase"]),
+        progress: IntGaugeVec("nmo_nodemaintenance_drain_progress_percent",
+            "Drain progress of each NodeMaintenance", ["name", "node"]),
+        pending: IntGaugeVec("nmo_nodemaintenance_pending_pods",
+            "Pods still to leave the node of each NodeMaintenance", ["name", "node"]),
+        evictions: IntCounterVec("nmo_evictions_total",
+            "Eviction requests by outcome (evicted, gone, migrating, blocked, failed; deferred: not answered within the round's budget)",
+            ["result"]),
+        /// client-go's label order: code, method, host.
+        rest_requests: IntCounterVec("rest_client_requests_total",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            ["code", "method", "host"]),
+        rest_duration: HistogramVec("rest_client_request_duration_seconds",
+            "Request latency in seconds. Broken down by verb, and host.", ["verb", "host"],
+            buckets = REST_CLIENT_BUCKETS),
+        /// client-go's series: 1 on the replica holding the leader election Lease.
+        leader: IntGaugeVec("leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
+            ["name"]),
+    }
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
     /// The workqueue tracker (clone it into watch callbacks: `queue.added`).
     pub queue: WorkQueue,
-    reconcile_total: IntCounterVec,
-    reconcile_errors: IntCounterVec,
-    terminal_errors: IntCounterVec,
-    panics: IntCounterVec,
-    reconcile_time: HistogramVec,
-    max_concurrent: IntGaugeVec,
-    phase: IntGaugeVec,
-    progress: IntGaugeVec,
-    pending: IntGaugeVec,
-    evictions: IntCounterVec,
-    rest_requests: IntCounterVec,
-    rest_duration: HistogramVec,
-    leader: IntGaugeVec,
-}
-
-fn counter(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
-    IntCounterVec::new(Opts::new(name, help), labels)
-}
-
-fn gauge(name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec, prometheus::Error> {
-    IntGaugeVec::new(Opts::new(name, help), labels)
+    series: Series,
 }
 
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let reconcile_total = counter(
-            "controller_runtime_reconcile_total",
-            "Total number of reconciliations per controller",
-            &["controller", "result"],
-        )?;
-        let reconcile_errors = counter(
-            "controller_runtime_reconcile_errors_total",
-            "Total number of reconciliation errors per controller",
-            &["controller"],
-        )?;
-        let terminal_errors = counter(
-            "controller_runtime_terminal_reconcile_errors_total",
-            "Total number of terminal reconciliation errors per controller",
-            &["controller"],
-        )?;
-        let panics = counter(
-            "controller_runtime_reconcile_panics_total",
-            "Total number of reconciliation panics per controller",
-            &["controller"],
-        )?;
-        let reconcile_time = HistogramVec::new(
-            HistogramOpts::new(
-                "controller_runtime_reconcile_time_seconds",
-                "Length of time per reconciliation per controller",
-            )
-            .buckets(RECONCILE_TIME_BUCKETS.to_vec()),
-            &["controller"],
-        )?;
-        let max_concurrent = gauge(
-            "controller_runtime_max_concurrent_reconciles",
-            "Maximum number of concurrent reconciles per controller",
-            &["controller"],
-        )?;
-        let phase = gauge(
-            "nmo_nodemaintenance_phase",
-            "1 for the current phase of each NodeMaintenance, 0 for the others",
-            &["name", "node", "phase"],
-        )?;
-        let progress = gauge(
-            "nmo_nodemaintenance_drain_progress_percent",
-            "Drain progress of each NodeMaintenance",
-            &["name", "node"],
-        )?;
-        let pending = gauge(
-            "nmo_nodemaintenance_pending_pods",
-            "Pods still to leave the node of each NodeMaintenance",
-            &["name", "node"],
-        )?;
-        let evictions = counter(
-            "nmo_evictions_total",
-            "Eviction requests by outcome (evicted, gone, migrating, blocked, failed; deferred: not answered within the round's budget)",
-            &["result"],
-        )?;
-        // client-go's label order: code, method, host.
-        let rest_requests = counter(
-            "rest_client_requests_total",
-            "Number of HTTP requests, partitioned by status code, method, and host.",
-            &["code", "method", "host"],
-        )?;
-        let rest_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "rest_client_request_duration_seconds",
-                "Request latency in seconds. Broken down by verb, and host.",
-            )
-            .buckets(REST_CLIENT_BUCKETS.to_vec()),
-            &["verb", "host"],
-        )?;
-        // client-go's series: 1 on the replica holding the leader election Lease.
-        let leader = gauge(
-            "leader_election_master_status",
-            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
-            &["name"],
-        )?;
+        let series = Series::build()?;
+        series.register(&registry)?;
         let queue = WorkQueue::new(CONTROLLER_NAME)?;
-        registry.register(Box::new(reconcile_total.clone()))?;
-        registry.register(Box::new(reconcile_errors.clone()))?;
-        registry.register(Box::new(terminal_errors.clone()))?;
-        registry.register(Box::new(panics.clone()))?;
-        registry.register(Box::new(reconcile_time.clone()))?;
-        registry.register(Box::new(max_concurrent.clone()))?;
         registry.register(queue.collector())?;
-        registry.register(Box::new(phase.clone()))?;
-        registry.register(Box::new(progress.clone()))?;
-        registry.register(Box::new(pending.clone()))?;
-        registry.register(Box::new(evictions.clone()))?;
-        registry.register(Box::new(rest_requests.clone()))?;
-        registry.register(Box::new(rest_duration.clone()))?;
-        registry.register(Box::new(leader.clone()))?;
-        // As controller-runtime's initMetrics: every series at zero from the start.
-        for result in ["success", "error", "requeue", "requeue_after"] {
-            reconcile_total.with_label_values(&[CONTROLLER_NAME, result]);
-        }
-        reconcile_errors.with_label_values(&[CONTROLLER_NAME]);
-        terminal_errors.with_label_values(&[CONTROLLER_NAME]);
-        panics.with_label_values(&[CONTROLLER_NAME]);
-        reconcile_time.with_label_values(&[CONTROLLER_NAME]);
-        max_concurrent.with_label_values(&[CONTROLLER_NAME]);
         Ok(Metrics {
             registry,
             queue,
-            reconcile_total,
-            reconcile_errors,
-            terminal_errors,
-            panics,
-            reconcile_time,
-            max_concurrent,
-            phase,
-            progress,
-            pending,
-            evictions,
-            rest_requests,
-            rest_duration,
-            leader,
+            series,
         })
     }
 
     /// Whether this replica holds the leader election Lease `name`.
     pub fn leader(&self, name: &str, leading: bool) {
-        self.leader
+        self.series
+            .leader
             .with_label_values(&[name])
             .set(i64::from(leading));
     }
@@ -281,10 +204,11 @@ impl Metrics {
         &self,
         sample: impl Fn() -> Vec<(&'static str, usize)> + Send + Sync + 'static,
     ) -> Result<(), prometheus::Error> {
-        let gauge = gauge(
+        let gauge = <IntGaugeVec as shared::series::Family>::family(
             "nmo_controller_kept_entries",
             "Entries the controller keeps in memory per NodeMaintenance or node, by store",
             &["store"],
+            &[],
         )?;
         self.registry.register(Box::new(KeptEntries {
             gauge,
@@ -295,7 +219,8 @@ impl Metrics {
     /// `controller_runtime_max_concurrent_reconciles`: how many reconciles the
     /// Controller runs at once (its `concurrency`).
     pub fn set_max_concurrent_reconciles(&self, n: usize) {
-        self.max_concurrent
+        self.series
+            .max_concurrent
             .with_label_values(&[CONTROLLER_NAME])
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
@@ -321,8 +246,12 @@ impl Metrics {
 
     fn record(&self, key: &str, result: ReconcileResult, seconds: f64) {
         let c = [CONTROLLER_NAME];
-        self.reconcile_time.with_label_values(&c).observe(seconds);
-        self.reconcile_total
+        self.series
+            .reconcile_time
+            .with_label_values(&c)
+            .observe(seconds);
+        self.series
+            .reconcile_total
             .with_label_values(&[CONTROLLER_NAME, result.label()])
             .inc();
         match result {
@@ -330,14 +259,14 @@ impl Metrics {
             ReconcileResult::Requeue(d) | ReconcileResult::RequeueAfter(d) => {
                 self.requeued(key, d);
             }
-            ReconcileResult::Error => self.reconcile_errors.with_label_values(&c).inc(),
+            ReconcileResult::Error => self.series.reconcile_errors.with_label_values(&c).inc(),
             ReconcileResult::TerminalError => {
-                self.reconcile_errors.with_label_values(&c).inc();
-                self.terminal_errors.with_label_values(&c).inc();
+                self.series.reconcile_errors.with_label_values(&c).inc();
+                self.series.terminal_errors.with_label_values(&c).inc();
             }
             ReconcileResult::Panic => {
-                self.reconcile_errors.with_label_values(&c).inc();
-                self.panics.with_label_values(&c).inc();
+                self.series.reconcile_errors.with_label_values(&c).inc();
+                self.series.panics.with_label_values(&c).inc();
             }
         }
         self.queue.finished(key, seconds);
@@ -353,8 +282,8 @@ impl Metrics {
         host: &str,
     ) -> impl tower::Layer<S, Service = CountRequests<S>> + Clone + use<S> {
         let rest = RestClientMetrics {
-            requests: self.rest_requests.clone(),
-            duration: self.rest_duration.clone(),
+            requests: self.series.rest_requests.clone(),
+            duration: self.series.rest_duration.clone(),
             host: Arc::from(host),
         };
         tower::layer::layer_fn(move |svc| CountRequests {
@@ -364,7 +293,7 @@ impl Metrics {
     }
 
     pub fn eviction(&self, result: &str) {
-        self.evictions.with_label_values(&[result]).inc();
+        self.series.evictions.with_label_values(&[result]).inc();
     }
 
     pub fn observe(
@@ -376,22 +305,27 @@ impl Metrics {
         pending: usize,
     ) {
         for p in PHASES {
-            self.phase
+            self.series
+                .phase
                 .with_label_values(&[name, node, p])
                 .set(i64::from(p == phase.as_str()));
         }
-        self.progress.with_label_values(&[name, node]).set(progress);
-        self.pending
+        self.series
+            .progress
+            .with_label_values(&[name, node])
+            .set(progress);
+        self.series
+            .pending
             .with_label_values(&[name, node])
             .set(i64::try_from(pending).unwrap_or(i64::MAX));
     }
 
     pub fn forget(&self, name: &str, node: &str) {
         for p in PHASES {
-            let _ = self.phase.remove_label_values(&[name, node, p]);
+            let _ = self.series.phase.remove_label_values(&[name, node, p]);
         }
-        let _ = self.progress.remove_label_values(&[name, node]);
-        let _ = self.pending.remove_label_values(&[name, node]);
+        let _ = self.series.progress.remove_label_values(&[name, node]);
+        let _ = self.series.pending.remove_label_values(&[name, node]);
     }
 
     /// Set the per-maintenance gauges from the status of every NodeMaintenance
@@ -432,9 +366,9 @@ impl Metrics {
         use prometheus::core::Collector as _;
         let mut keys = HashSet::new();
         let families = [
-            self.phase.collect(),
-            self.progress.collect(),
-            self.pending.collect(),
+            self.series.phase.collect(),
+            self.series.progress.collect(),
+            self.series.pending.collect(),
         ];
         for m in families.iter().flatten().flat_map(|f| f.get_metric()) {
             let label = |n: &str| {
@@ -605,8 +539,8 @@ mod tests {
     async fn one_request(m: &Metrics, status: u16) {
         use tower::{Service as _, ServiceExt as _};
         let rest = RestClientMetrics {
-            requests: m.rest_requests.clone(),
-            duration: m.rest_duration.clone(),
+            requests: m.series.rest_requests.clone(),
+            duration: m.series.rest_duration.clone(),
             host: Arc::from("10.0.0.1:6443"),
         };
         let inner = tower::service_fn(move |_req: http::Request<()>| {
@@ -627,6 +561,64 @@ mod tests {
             .body(())
             .expect("request");
         let _ = svc.ready().await.expect("ready").call(req).await;
+    }
+
+    /// `text` with the values of the series named in `timed` (their
+    /// observations are wall-clock times) replaced by `T`.
+    fn untimed(text: &str, timed: &[&str]) -> String {
+        let mut out = String::new();
+        for line in text.lines() {
+            match line.rsplit_once(' ') {
+                Some((series, _)) if timed.iter().any(|t| series.starts_with(t)) => {
+                    out.push_str(series);
+                    out.push_str(" T");
+                }
+                _ => out.push_str(line),
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The exposition is a contract (controller-runtime's and client-go's
+    /// names, help, labels and buckets; every series at zero from the start):
+    /// a fresh registry, and one after a recorded observation of each kind,
+    /// render exactly as testdata/ says.
+    #[tokio::test]
+    async fn the_exposition_is_exactly_the_expected_text() {
+        let m = Metrics::new().expect("metrics");
+        assert_eq!(render(&m), include_str!("testdata/metrics_fresh.txt"));
+        m.register_kept_entries(|| vec![("node_cache", 2), ("own_writes", 0)])
+            .expect("register");
+        m.set_max_concurrent_reconciles(1);
+        m.leader("135b1886.medik8s.io", true);
+        m.queue.added("later", Duration::from_secs(3600));
+        m.queue.started("a");
+        m.record(
+            "a",
+            ReconcileResult::RequeueAfter(Duration::from_secs(3600)),
+            0.3,
+        );
+        m.queue.started("b");
+        m.record("b", ReconcileResult::Success, 0.002);
+        m.queue.started("c");
+        m.record("c", ReconcileResult::Panic, 7.0);
+        m.queue.started("d");
+        m.record("d", ReconcileResult::Requeue(Duration::from_secs(5)), 70.0);
+        m.eviction("evicted");
+        m.eviction("blocked");
+        one_request(&m, 200).await;
+        one_request(&m, 0).await;
+        m.observe("nm-1", "node-1", &MaintenancePhase::Running, 40, 3);
+        // Waits (queue_duration) are not observed here: no key became ready.
+        let timed = [
+            "rest_client_request_duration_seconds_bucket",
+            "rest_client_request_duration_seconds_sum",
+        ];
+        assert_eq!(
+            untimed(&render(&m), &timed),
+            include_str!("testdata/metrics_observed.txt")
+        );
     }
 
     #[tokio::test]

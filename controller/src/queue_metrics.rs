@@ -33,9 +33,7 @@ use std::time::{Duration, Instant};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, exponential_buckets,
-};
+use prometheus::{GaugeVec, HistogramVec, IntCounterVec, IntGaugeVec, exponential_buckets};
 
 #[derive(Clone)]
 pub struct WorkQueue {
@@ -46,14 +44,39 @@ struct Inner {
     state: Mutex<State>,
     /// Label values: name, controller.
     labels: [String; 2],
-    depth: IntGaugeVec,
-    adds: IntCounterVec,
-    queue_duration: HistogramVec,
-    work_duration: HistogramVec,
-    retries: IntCounterVec,
-    unfinished: prometheus::GaugeVec,
-    longest: prometheus::GaugeVec,
-    active_workers: IntGaugeVec,
+    series: Series,
+}
+
+shared::series! {
+    /// client-go's workqueue series (controller-runtime's labels) and
+    /// `controller_runtime_active_workers`, every one at zero from the start.
+    struct Series(name: &str) {
+        depth: IntGaugeVec("workqueue_depth",
+            "Current depth of workqueue by workqueue and priority",
+            ["name", "controller", "priority"], zero [[name, name, ""]]),
+        adds: IntCounterVec("workqueue_adds_total",
+            "Total number of adds handled by workqueue", ["name", "controller"],
+            zero [[name, name]]),
+        queue_duration: HistogramVec("workqueue_queue_duration_seconds",
+            "How long in seconds an item stays in workqueue before being requested",
+            ["name", "controller"], buckets = exponential_buckets(10e-9, 10.0, 12)?,
+            zero [[name, name]]),
+        work_duration: HistogramVec("workqueue_work_duration_seconds",
+            "How long in seconds processing an item from workqueue takes.",
+            ["name", "controller"], buckets = exponential_buckets(10e-9, 10.0, 12)?,
+            zero [[name, name]]),
+        retries: IntCounterVec("workqueue_retries_total",
+            "Total number of retries handled by workqueue", ["name", "controller"],
+            zero [[name, name]]),
+        unfinished: GaugeVec("workqueue_unfinished_work_seconds",
+            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration. Large values indicate stuck threads. One can deduce the number of stuck threads by observing the rate at which this increases.",
+            ["name", "controller"], zero [[name, name]]),
+        longest: GaugeVec("workqueue_longest_running_processor_seconds",
+            "How many seconds has the longest running processor for workqueue been running.",
+            ["name", "controller"], zero [[name, name]]),
+        active_workers: IntGaugeVec("controller_runtime_active_workers",
+            "Number of currently used workers per controller", ["controller"], zero [[name]]),
+    }
 }
 
 #[derive(Default)]
@@ -74,80 +97,11 @@ impl WorkQueue {
     /// A tracker for the queue of controller `name` (label values of
     /// `workqueue_*{name,controller}` and `controller_runtime_active_workers`).
     pub fn new(name: &str) -> Result<Self, prometheus::Error> {
-        let buckets = exponential_buckets(10e-9, 10.0, 12)?;
-        let nc = &["name", "controller"];
         let inner = Inner {
             state: Mutex::new(State::default()),
             labels: [name.to_string(), name.to_string()],
-            depth: IntGaugeVec::new(
-                Opts::new(
-                    "workqueue_depth",
-                    "Current depth of workqueue by workqueue and priority",
-                ),
-                &["name", "controller", "priority"],
-            )?,
-            adds: IntCounterVec::new(
-                Opts::new(
-                    "workqueue_adds_total",
-                    "Total number of adds handled by workqueue",
-                ),
-                nc,
-            )?,
-            queue_duration: HistogramVec::new(
-                HistogramOpts::new(
-                    "workqueue_queue_duration_seconds",
-                    "How long in seconds an item stays in workqueue before being requested",
-                )
-                .buckets(buckets.clone()),
-                nc,
-            )?,
-            work_duration: HistogramVec::new(
-                HistogramOpts::new(
-                    "workqueue_work_duration_seconds",
-                    "How long in seconds processing an item from workqueue takes.",
-                )
-                .buckets(buckets),
-                nc,
-            )?,
-            retries: IntCounterVec::new(
-                Opts::new(
-                    "workqueue_retries_total",
-                    "Total number of retries handled by workqueue",
-                ),
-                nc,
-            )?,
-            unfinished: prometheus::GaugeVec::new(
-                Opts::new(
-                    "workqueue_unfinished_work_seconds",
-                    "How many seconds of work has been done that is in progress and hasn't been observed by work_duration. Large values indicate stuck threads. One can deduce the number of stuck threads by observing the rate at which this increases.",
-                ),
-                nc,
-            )?,
-            longest: prometheus::GaugeVec::new(
-                Opts::new(
-                    "workqueue_longest_running_processor_seconds",
-                    "How many seconds has the longest running processor for workqueue been running.",
-                ),
-                nc,
-            )?,
-            active_workers: IntGaugeVec::new(
-                Opts::new(
-                    "controller_runtime_active_workers",
-                    "Number of currently used workers per controller",
-                ),
-                &["controller"],
-            )?,
+            series: Series::build(name)?,
         };
-        // Every series exists from the start, at zero, as controller-runtime's do.
-        let l = inner.label_refs();
-        inner.depth.with_label_values(&[l[0], l[1], ""]);
-        inner.adds.with_label_values(&l);
-        inner.queue_duration.with_label_values(&l);
-        inner.work_duration.with_label_values(&l);
-        inner.retries.with_label_values(&l);
-        inner.unfinished.with_label_values(&l);
-        inner.longest.with_label_values(&l);
-        inner.active_workers.with_label_values(&[l[1]]);
         Ok(WorkQueue {
             inner: Arc::new(inner),
         })
@@ -193,6 +147,7 @@ impl WorkQueue {
         if let Some(q) = st.queued.remove(key) {
             let waited = now.saturating_duration_since(q.ready_at);
             inner
+                .series
                 .queue_duration
                 .with_label_values(&inner.label_refs())
                 .observe(waited.as_secs_f64());
@@ -206,6 +161,7 @@ impl WorkQueue {
         let mut st = inner.lock();
         st.processing.remove(key);
         inner
+            .series
             .work_duration
             .with_label_values(&inner.label_refs())
             .observe(seconds);
@@ -214,7 +170,11 @@ impl WorkQueue {
     /// `key` was put back for another try.
     pub fn retried(&self, _key: &str) {
         let inner = &self.inner;
-        inner.retries.with_label_values(&inner.label_refs()).inc();
+        inner
+            .series
+            .retries
+            .with_label_values(&inner.label_refs())
+            .inc();
     }
 
     /// `key` left the queue without a reconcile.
@@ -249,7 +209,8 @@ impl Inner {
             }
         }
         if newly > 0 {
-            self.adds
+            self.series
+                .adds
                 .with_label_values(&self.label_refs())
                 .inc_by(newly);
         }
@@ -262,7 +223,8 @@ impl Inner {
         self.promote(&mut st, now);
         let l = self.label_refs();
         let ready = st.queued.values().filter(|q| q.counted).count();
-        self.depth
+        self.series
+            .depth
             .with_label_values(&[l[0], l[1], ""])
             .set(i64::try_from(ready).unwrap_or(i64::MAX));
         let running: Vec<f64> = st
@@ -270,13 +232,16 @@ impl Inner {
             .values()
             .map(|s| now.saturating_duration_since(*s).as_secs_f64())
             .collect();
-        self.unfinished
+        self.series
+            .unfinished
             .with_label_values(&l)
             .set(running.iter().sum());
-        self.longest
+        self.series
+            .longest
             .with_label_values(&l)
             .set(running.iter().copied().fold(0.0, f64::max));
-        self.active_workers
+        self.series
+            .active_workers
             .with_label_values(&[l[1]])
             .set(i64::try_from(running.len()).unwrap_or(i64::MAX));
     }
@@ -286,32 +251,14 @@ struct QueueCollector(Arc<Inner>);
 
 impl Collector for QueueCollector {
     fn desc(&self) -> Vec<&Desc> {
-        let i = &self.0;
-        let mut d = Vec::new();
-        d.extend(i.depth.desc());
-        d.extend(i.adds.desc());
-        d.extend(i.queue_duration.desc());
-        d.extend(i.work_duration.desc());
-        d.extend(i.retries.desc());
-        d.extend(i.unfinished.desc());
-        d.extend(i.longest.desc());
-        d.extend(i.active_workers.desc());
-        d
+        let all = self.0.series.collectors();
+        all.into_iter().flat_map(|c| c.desc()).collect()
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let i = &self.0;
-        i.refresh();
-        let mut m = Vec::new();
-        m.extend(i.depth.collect());
-        m.extend(i.adds.collect());
-        m.extend(i.queue_duration.collect());
-        m.extend(i.work_duration.collect());
-        m.extend(i.retries.collect());
-        m.extend(i.unfinished.collect());
-        m.extend(i.longest.collect());
-        m.extend(i.active_workers.collect());
-        m
+        self.0.refresh();
+        let all = self.0.series.collectors();
+        all.into_iter().flat_map(|c| c.collect()).collect()
     }
 }
 

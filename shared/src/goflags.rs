@@ -6,13 +6,15 @@
 //! (never `--flag false`: a boolean only takes a value after `=`), and the last
 //! occurrence of a repeated flag wins. clap does the parsing; [`normalize`]
 //! rewrites single-dash long names to double-dash first, boolean flags are
-//! declared with [`go_bool`] (see the example on it) and every `Config` sets
-//! `args_override_self = true`.
+//! declared with [`GoBoolFlag::go_bool_default`] (see the example on it) and
+//! every `Config` sets `args_override_self = true`.
 //!
 //! Limit: a value that itself starts with `-` must be given as `--name=-value`
 //! (Go would also take it after a space); none of our flags has such values.
 
 use std::ffi::OsString;
+
+use clap::{Arg, ArgAction};
 
 /// Rewrite single-dash long flags (`-leader-elect`, `-zap-log-level=debug`)
 /// to clap's double-dash form. Left alone: the program name, short flags
@@ -61,16 +63,38 @@ fn is_single_dash_long(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
-/// Go's `strconv.ParseBool`, as a clap value parser. Declare a boolean flag as
+/// A boolean flag in Go's syntax, declared in one attribute:
 ///
 /// ```ignore
-/// #[arg(long, env = "LEADER_ELECT", default_value = "false", value_parser = go_bool,
-///       action = ArgAction::Set, num_args = 0..=1, require_equals = true,
-///       default_missing_value = "true")]
+/// use shared::goflags::GoBoolFlag as _;
+///
+/// #[arg(long, env = "LEADER_ELECT", go_bool_default = false)]
 /// pub leader_elect: bool,
 /// ```
 ///
-/// so `--leader-elect` means true and `--leader-elect=false` false.
+/// so `--leader-elect` (and `-leader-elect`, after [`normalize`]) means true,
+/// `--leader-elect=false` false (any [`go_bool`] spelling after `=`), no
+/// flag the default, and `--leader-elect false` is an error (Go would take
+/// `false` as a positional argument). clap's derive applies the attribute
+/// after its own settings for a `bool` field, so these win.
+pub trait GoBoolFlag {
+    /// Take a value only after `=`, parsed by [`go_bool`]; `true` when
+    /// given bare, `default` when absent.
+    fn go_bool_default(self, default: bool) -> Self;
+}
+
+impl GoBoolFlag for Arg {
+    fn go_bool_default(self, default: bool) -> Self {
+        self.default_value(if default { "true" } else { "false" })
+            .value_parser(go_bool)
+            .action(ArgAction::Set)
+            .num_args(0..=1)
+            .require_equals(true)
+            .default_missing_value("true")
+    }
+}
+
+/// Go's `strconv.ParseBool`, as a clap value parser (see [`GoBoolFlag`]).
 pub fn go_bool(value: &str) -> Result<bool, String> {
     match value {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
@@ -84,7 +108,7 @@ pub fn go_bool(value: &str) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::{ArgAction, Parser};
+    use clap::Parser;
 
     fn norm(args: &[&str]) -> Vec<String> {
         normalize(args.iter().copied())
@@ -140,11 +164,9 @@ mod tests {
     #[derive(Parser, Debug)]
     #[command(args_override_self = true)]
     struct Demo {
-        #[arg(long, default_value = "false", value_parser = go_bool, action = ArgAction::Set,
-              num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        #[arg(long, go_bool_default = false)]
         flag: bool,
-        #[arg(long, default_value = "true", value_parser = go_bool, action = ArgAction::Set,
-              num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        #[arg(long, go_bool_default = true)]
         on_by_default: bool,
         #[arg(long, default_value = "a")]
         name: String,
@@ -166,6 +188,12 @@ mod tests {
         assert!(demo(&["-flag=T"]).expect("=T").flag);
         assert!(!demo(&["--flag=false"]).expect("=false").flag);
         assert!(!demo(&["--on-by-default=0"]).expect("=0").on_by_default);
+        assert!(
+            !demo(&["-on-by-default=false"])
+                .expect("-x=false")
+                .on_by_default
+        );
+        assert!(demo(&["--on-by-default"]).expect("bare").on_by_default);
         assert_eq!(demo(&["-name", "b"]).expect("-name v").name, "b");
         assert_eq!(demo(&["-name=c"]).expect("-name=v").name, "c");
         assert_eq!(demo(&["--name", "d"]).expect("--name v").name, "d");
@@ -183,6 +211,8 @@ mod tests {
     fn a_boolean_takes_no_separate_value_and_bad_values_are_named() {
         // Go stops at "false" (a positional); clap rejects it: no silent "true".
         assert!(demo(&["--flag", "false"]).is_err());
+        // Go's ParseBool("") fails too.
+        assert!(demo(&["--flag="]).is_err());
         let err = demo(&["--flag=maybe"]).expect_err("bad bool").to_string();
         assert!(
             err.contains("--flag") && err.contains("true or false"),

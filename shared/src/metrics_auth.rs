@@ -9,9 +9,8 @@
 //! The two reviews sit behind [`Reviews`] so the decision is tested without a
 //! cluster; [`KubeReviews`] is the real one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -26,6 +25,8 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::PostParams;
 use kube::{Api, Client};
+
+use crate::ttl::TtlCache;
 
 /// The user a token belongs to, as the TokenReview reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -115,54 +116,6 @@ impl Default for CacheTtls {
     }
 }
 
-/// A small map whose entries expire.
-struct TtlCache<K, V> {
-    entries: HashMap<K, (V, Instant)>,
-    max: usize,
-}
-
-impl<K: Hash + Eq + Clone, V: Clone> TtlCache<K, V> {
-    fn new(max: usize) -> Self {
-        TtlCache {
-            entries: HashMap::new(),
-            max: max.max(1),
-        }
-    }
-
-    fn get(&mut self, key: &K, now: Instant) -> Option<V> {
-        match self.entries.get(key) {
-            Some((v, expires)) if *expires > now => Some(v.clone()),
-            Some(_) => {
-                self.entries.remove(key);
-                None
-            }
-            None => None,
-        }
-    }
-
-    fn insert(&mut self, key: K, value: V, ttl: Duration, now: Instant) {
-        if self.entries.len() >= self.max && !self.entries.contains_key(&key) {
-            self.entries.retain(|_, (_, expires)| *expires > now);
-            if self.entries.len() >= self.max {
-                let soonest = self
-                    .entries
-                    .iter()
-                    .min_by_key(|(_, (_, expires))| *expires)
-                    .map(|(k, _)| k.clone());
-                if let Some(k) = soonest {
-                    self.entries.remove(&k);
-                }
-            }
-        }
-        self.entries.insert(key, (value, now + ttl));
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-}
-
 type TokenHash = [u8; 32];
 
 /// Decides requests to the secure metrics port; share it (`Arc`) across connections.
@@ -237,7 +190,7 @@ impl Authorizer {
             k
         };
 
-        let cached = lock(&self.users).get(&key, now);
+        let cached = lock(&self.users).get(&key, now).cloned();
         let authn = match cached {
             Some(a) => a,
             None => match self.reviews.authenticate(token).await {
@@ -258,7 +211,7 @@ impl Authorizer {
         };
 
         let dkey = (key, path.to_string(), verb.to_string());
-        let cached = lock(&self.decisions).get(&dkey, now);
+        let cached = lock(&self.decisions).get(&dkey, now).cloned();
         let authz = match cached {
             Some(a) => a,
             None => match self.reviews.authorize(&user, path, verb).await {
@@ -608,23 +561,5 @@ mod tests {
         assert_eq!(reviews(&fake).0, 5);
         at(&auth, Some("bad"), t1 + Duration::from_secs(11)).await;
         assert_eq!(reviews(&fake).0, 6, "rejection expired after 10 s");
-    }
-
-    #[test]
-    fn the_cache_is_bounded_and_drops_the_soonest_to_expire() {
-        let mut c: TtlCache<u32, ()> = TtlCache::new(3);
-        let t = Instant::now();
-        c.insert(1, (), Duration::from_secs(10), t);
-        c.insert(2, (), Duration::from_secs(5), t);
-        c.insert(3, (), Duration::from_secs(20), t);
-        c.insert(4, (), Duration::from_secs(20), t);
-        assert_eq!(c.len(), 3);
-        assert!(c.get(&2, t).is_none(), "soonest to expire was dropped");
-        assert!(c.get(&1, t).is_some());
-        // Expired entries make room first.
-        c.insert(5, (), Duration::from_secs(1), t + Duration::from_secs(15));
-        assert!(c.get(&1, t + Duration::from_secs(15)).is_none());
-        assert!(c.get(&3, t + Duration::from_secs(15)).is_some());
-        assert_eq!(c.len(), 3);
     }
 }

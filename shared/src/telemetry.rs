@@ -7,13 +7,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{ArgAction, Args};
+use clap::Args;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-use crate::goflags::go_bool;
+use crate::goflags::GoBoolFlag as _;
 pub use crate::zap::LogFlags;
 use crate::zap::{Encoder, ZapTime};
 
@@ -28,9 +28,7 @@ pub struct RuntimeFlags {
     /// Serve `/metrics` over HTTPS and only to callers whose bearer token passes a
     /// TokenReview and a SubjectAccessReview (get on the non-resource URL /metrics).
     /// --metrics-secure=false serves plain HTTP to anyone.
-    #[arg(long, env = "METRICS_SECURE", default_value = "true", value_parser = go_bool,
-          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
-          default_missing_value = "true")]
+    #[arg(long, env = "METRICS_SECURE", go_bool_default = true)]
     pub metrics_secure: bool,
 
     /// Directory with the metrics serving certificate and key (reloaded when they
@@ -64,9 +62,7 @@ pub struct RuntimeFlags {
     /// Enable HTTP/2 on TLS servers (the webhook's admission port and the secure
     /// metrics port). Off by default to sidestep the HTTP/2 rapid-reset CVEs
     /// (CVE-2023-44487, CVE-2023-39325).
-    #[arg(long, env = "ENABLE_HTTP2", default_value = "false", value_parser = go_bool,
-          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
-          default_missing_value = "true")]
+    #[arg(long, env = "ENABLE_HTTP2", go_bool_default = false)]
     pub enable_http2: bool,
 
     #[command(flatten)]

@@ -13,21 +13,19 @@
 
 use std::fmt;
 
-use clap::{ArgAction, Args, ValueEnum};
+use clap::{Args, ValueEnum};
 use tracing::Level;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::FormatTime;
 
-use crate::goflags::go_bool;
+use crate::goflags::GoBoolFlag as _;
 
 /// The logging flags, as controller-runtime's `zap.Options.BindFlags` defines them.
 #[derive(Args, Debug, Clone, Default)]
 pub struct LogFlags {
     /// Development defaults: console (human-readable) output at debug level.
     /// --zap-encoder and --zap-log-level still override them.
-    #[arg(long, env = "ZAP_DEVEL", default_value = "false", value_parser = go_bool,
-          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
-          default_missing_value = "true")]
+    #[arg(long, env = "ZAP_DEVEL", go_bool_default = false)]
     pub zap_devel: bool,
 
     /// Log level: debug, info, error (also warn, dpanic, panic, fatal), or an

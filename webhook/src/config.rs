@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{ArgAction, Parser, ValueEnum};
+use clap::{Parser, ValueEnum};
 use shared::consts::{OLM_CERT_DIR, OLM_CERT_FILE, OLM_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE};
-use shared::goflags::go_bool;
+use shared::goflags::GoBoolFlag as _;
 use shared::telemetry::{BindAddressError, RuntimeFlags, parse_bind_address};
 
 /// controller-runtime's default certificate directory, used when neither
@@ -34,18 +34,14 @@ pub struct Config {
 
     /// Accepted so the controller's argument list (upstream's) works here too;
     /// the webhook has no leader: every replica answers reviews.
-    #[arg(long, env = "LEADER_ELECT", default_value = "false", value_parser = go_bool,
-          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
-          default_missing_value = "true")]
+    #[arg(long, env = "LEADER_ELECT", go_bool_default = false)]
     pub leader_elect: bool,
 
     /// Admit `drainTimeoutAction: Force` (pods deleted past their
     /// PodDisruptionBudgets once drainTimeout passed). Off: such a
     /// NodeMaintenance is denied, naming how an admin enables it. Set by
     /// manifests/components/force-drain, with the controller's flag and grant.
-    #[arg(long, env = "ALLOW_FORCE_DRAIN", default_value = "false", value_parser = go_bool,
-          action = ArgAction::Set, num_args = 0..=1, require_equals = true,
-          default_missing_value = "true")]
+    #[arg(long, env = "ALLOW_FORCE_DRAIN", go_bool_default = false)]
     pub allow_force_drain: bool,
 
     /// Address the TLS admission endpoint binds to (Go style: ":9443" means every interface).
