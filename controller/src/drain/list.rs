@@ -5,7 +5,7 @@
 //! unfinished DaemonSet pod on the node (metadata only), answers kept for a
 //! few seconds.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use shared::PodReference;
 use shared::lean::PodView;
+use shared::ttl::TtlCache;
 
 use crate::classify::{classify, daemonset_to_look_up};
 
@@ -134,28 +135,37 @@ pub(super) async fn list_node_pods(
 /// orphan rule (kubectl's) only needs the answer to be recent.
 const DAEMONSET_ANSWER_TTL: Duration = Duration::from_secs(10);
 
-/// Recent answers to "does DaemonSet (namespace, name) exist", with when
-/// they were given; owned by the [`super::Drainer`].
-#[derive(Debug, Default)]
+/// DaemonSets remembered at most (a cluster has a few dozen).
+const DAEMONSET_ANSWERS_KEPT: usize = 4096;
+
+/// Recent answers to "does DaemonSet (namespace, name) exist"; owned by the
+/// [`super::Drainer`].
 pub(super) struct DaemonSetAnswers {
-    answers: Mutex<HashMap<(String, String), (bool, Instant)>>,
+    answers: Mutex<TtlCache<(String, String), bool>>,
+}
+
+impl Default for DaemonSetAnswers {
+    fn default() -> Self {
+        DaemonSetAnswers {
+            answers: Mutex::new(TtlCache::new(DAEMONSET_ANSWERS_KEPT)),
+        }
+    }
 }
 
 impl DaemonSetAnswers {
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (bool, Instant)>> {
+    fn entries(&self) -> std::sync::MutexGuard<'_, TtlCache<(String, String), bool>> {
         // Plain data: a panic elsewhere leaves it usable.
         self.answers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The answer for `key` given less than [`DAEMONSET_ANSWER_TTL`] ago.
     fn recent(&self, key: &(String, String)) -> Option<bool> {
-        let mut m = self.entries();
-        m.retain(|_, (_, at)| at.elapsed() < DAEMONSET_ANSWER_TTL);
-        m.get(key).map(|(exists, _)| *exists)
+        self.entries().get(key, Instant::now()).copied()
     }
 
     fn remember(&self, key: (String, String), exists: bool) {
-        self.entries().insert(key, (exists, Instant::now()));
+        self.entries()
+            .insert(key, exists, DAEMONSET_ANSWER_TTL, Instant::now());
     }
 }
 
