@@ -91,7 +91,7 @@ has "$b" '- subjectaccessreviews$' "base: create on subjectaccessreviews (secure
 has "$b" '^  name: nmo-metrics-auth$' "base: ClusterRole nmo-metrics-auth missing"
 # Least privilege (issue 13): namespaced Roles where the namespace is known;
 # the full proof is the audit check after the integration tests
-# (tests/src/bin/rbac-audit.rs).
+# (tests/tools/src/bin/rbac-audit.rs).
 # docs FILE KIND: the documents of that kind, separated by NUL.
 docs() { awk -v k="$2" 'BEGIN{RS="\n---\n"; ORS="\0"} $0 ~ "(^|\n)kind: " k "\n" {print}' "$1"; }
 while IFS= read -r -d '' d; do

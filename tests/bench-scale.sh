@@ -3,7 +3,7 @@
 # scale. Starts a control plane of its own in .cluster-scale/ (beside the dev
 # plane of .cluster/, on the next free ports), adds 1,000 kwok nodes with
 # tests/cluster/add-nodes.sh, then runs target/release/scale-bench
-# (tests/src/bin/scale-bench.rs): 30,000 pods, the services from their
+# (tests/tools/src/bin/scale-bench/main.rs): 30,000 pods, the services from their
 # images, the figures against the targets. Takes some 25-45 minutes on 2 cores,
 # most of it filling the plane; progress is printed throughout.
 #
@@ -22,7 +22,7 @@ nodes="${BENCH_SCALE_NODES:-1000}"
 
 echo "== building the bench (release) and the images"
 # The services run from their images; only the bench's own tools are built here.
-cargo build --release -p nmo-tests --bin scale-bench -p nmo-webhook --bin webhook-bench
+cargo build --release -p nmo-tools --bin scale-bench --bin webhook-bench
 bash tests/release/images.sh >/dev/null
 
 # A plane of its own: the dev plane (make test, make demo) keeps its few nodes.

@@ -75,7 +75,7 @@ echo "== RBAC audit: what each service did (API server audit log) against what m
 # too: a forbidden answer often explains them (but then unused grants are noise).
 # The tests run controllers in private copies of nmo-system (nmo-system-<test>)
 # holding the manifests' Roles of nmo-system: requests there count for it.
-KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tests --bin rbac-audit -- \
+KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tools --bin rbac-audit -- \
   --kustomize manifests/base --kustomize manifests/overlays/openshift --kustomize tests/cluster/force-drain \
   --audit-log "${NMO_CLUSTER_DIR:-$root/.cluster}/audit/audit.log" --since "$audit_since" \
   --allow tests/cluster/rbac-audit-allow.yaml \
@@ -86,7 +86,7 @@ echo "== RBAC audit of the OLM bundle: the same requests against what the CSV gr
 # documented force-drain grant). No wider than OLM forces: each grant the
 # suite leaves unused, or uses in one namespace only, is listed with the OLM
 # reason in tests/cluster/rbac-audit-allow-olm.yaml.
-KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tests --bin rbac-audit -- \
+KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tools --bin rbac-audit -- \
   --csv bundle/manifests/node-maintenance-operator-rs.clusterserviceversion.yaml \
   --manifests manifests/components/force-drain/rbac.yaml \
   --audit-log "${NMO_CLUSTER_DIR:-$root/.cluster}/audit/audit.log" --since "$audit_since" \
@@ -112,7 +112,7 @@ cargo test -p nmo-tests --no-fail-fast --test controller --test lease --test web
   --test webhook_warnings --test drain_timeout --test drain_parity --test kubevirt \
   --test metrics_auth --test deployments -- --test-threads="${NMO_TEST_THREADS:-4}" || rc=$?
 unset NMO_TEST_RBAC
-KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tests --bin rbac-audit -- \
+KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tools --bin rbac-audit -- \
   --csv "$csv" --manifests manifests/components/force-drain/rbac.yaml \
   --audit-log "${NMO_CLUSTER_DIR:-$root/.cluster}/audit/audit.log" --since "$bundle_since" \
   --allow tests/cluster/rbac-audit-allow.yaml --allow tests/cluster/rbac-audit-allow-olm.yaml \

@@ -88,7 +88,7 @@ flock 9
 # nmo-webhook at Metadata level (who, verb, resource, namespace, name, response
 # code; no bodies), nothing of anyone else (tests/cluster/audit-policy.yaml), as
 # JSON lines to $AUDIT_DIR/audit.log (rotated at 100 MB into audit-<time>.log).
-# After the integration tests, tests/src/bin/rbac-audit.rs compares them with
+# After the integration tests, tests/tools/src/bin/rbac-audit.rs compares them with
 # the manifests' RBAC (tests/run-tests.sh). OwnerReferencesPermissionEnforcement
 # (on in OpenShift) makes the RBAC behind ownerReference changes part of what
 # the tests prove. A plane started without these flags or with another policy

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run nmo-controller against the local control plane as the manifests/base
 # Deployment nmo-controller describes it, from the built image, exactly as the
-# integration tests run it: tests/src/bin/local-pod.rs takes the command,
+# integration tests run it: tests/tools/src/bin/local-pod.rs takes the command,
 # arguments (--leader-elect, ...), environment (OPERATOR_NAMESPACE, POD_NAME)
 # and readiness probe from the rendered manifest, the binary from
 # target/images/nmo-controller.oci.tar, mints a 24 h token of the Deployment's

@@ -15,7 +15,7 @@
 # dirs (manifests/controller, manifests/webhook) server-side, plus a
 # ServiceAccount nmo-local-metrics-reader bound to ClusterRole
 # nmo-metrics-reader for scraping; then (re)start the webhook with
-# tests/src/bin/local-pod.rs: the binary out of target/images/nmo-webhook.oci.tar,
+# tests/tools/src/bin/local-pod.rs: the binary out of target/images/nmo-webhook.oci.tar,
 # the container's command, arguments, environment and readiness probe from the
 # rendered manifests/base Deployment nmo-webhook, its "cert" volume mapped to
 # .cluster/certs/webhook, a 24 h token of the Deployment's ServiceAccount

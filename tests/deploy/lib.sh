@@ -3,7 +3,7 @@
 # Sourced, never run.
 #
 # Both services run as the integration tests run them (tests/src/deployment.rs),
-# through tests/src/bin/local-pod.rs: the binary out of the built image
+# through tests/tools/src/bin/local-pod.rs: the binary out of the built image
 # (target/images/<service>.oci.tar, unpacked under .cluster/images/), with the
 # command, arguments, environment, ServiceAccount, certificate mount and
 # readiness probe of the rendered manifests/base Deployment, every
@@ -60,9 +60,9 @@ build_all() {
     [ -f "$TARGET_DIR/images/$svc.oci.tar" ] ||
       die "$TARGET_DIR/images/$svc.oci.tar is missing: run 'make images'"
   done
-  log "building local-pod and nmo-certs (cargo build -p nmo-tests -p nmo-certs)"
-  (cd "$REPO_ROOT" && cargo build -q -p nmo-tests -p nmo-certs --bin local-pod --bin nmo-certs) ||
-    die "cargo build -p nmo-tests -p nmo-certs --bin local-pod --bin nmo-certs failed (see above)"
+  log "building local-pod and nmo-certs (cargo build -p nmo-tools -p nmo-certs)"
+  (cd "$REPO_ROOT" && cargo build -q -p nmo-tools -p nmo-certs --bin local-pod --bin nmo-certs) ||
+    die "cargo build -p nmo-tools -p nmo-certs --bin local-pod --bin nmo-certs failed (see above)"
   export _NMO_DEPLOY_BUILT=1
 }
 

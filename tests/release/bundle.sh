@@ -7,7 +7,7 @@
 #   tests/release/bundle.sh [--out DIR] [--manifests DIR] [bundle-gen options...]
 #
 # --out defaults to bundle/ (committed; for the workspace version), --manifests
-# to manifests/overlays/openshift. Other options go to bundle-gen (tests/src/bin/bundle-gen.rs):
+# to manifests/overlays/openshift. Other options go to bundle-gen (tests/tools/src/bin/bundle-gen.rs):
 # --version V, --image DEPLOYMENT=IMAGE, --created-at TIME.
 # KUBECTL: the kubectl that renders (default: the local control plane's).
 set -euo pipefail
@@ -34,7 +34,7 @@ trap 'rm -f "$rendered"' EXIT
   die "'$kubectl kustomize $manifests' failed (message above); fix the manifests, or check with 'bash manifests/check.sh'"
 
 step "bundle-gen"
-cargo build --locked -q -p nmo-tests --bin bundle-gen ||
-  die "'cargo build -p nmo-tests --bin bundle-gen' failed (compiler output above)"
+cargo build --locked -q -p nmo-tools --bin bundle-gen ||
+  die "'cargo build -p nmo-tools --bin bundle-gen' failed (compiler output above)"
 "$TARGET_DIR/debug/bundle-gen" --manifests "$rendered" --out "$out" "${gen_args[@]}" ||
   die "'bundle-gen --manifests <kubectl kustomize $manifests> --out $out ${gen_args[*]}' failed (message above)"

@@ -41,7 +41,7 @@ if [ "$(cd "$bundle" && pwd)" = "$REPO_ROOT/bundle" ]; then
   if ! diff -ru "$bundle" "$fresh" >"$fresh.diff" 2>&1; then
     cat "$fresh.diff" >&2
     rm -f "$fresh.diff"
-    die "bundle/ differs from what the manifests and tests/src/bin/bundle-gen.rs generate (diff above: - committed, + generated); run 'make bundle' and commit bundle/"
+    die "bundle/ differs from what the manifests and tests/tools/src/bin/bundle-gen.rs generate (diff above: - committed, + generated); run 'make bundle' and commit bundle/"
   fi
   rm -f "$fresh.diff"
   log "bundle/ is up to date"
@@ -55,12 +55,12 @@ if grep -qE 'level=(error|fatal)' <<<"$ov_out"; then
   die "operator-verify reports errors (above) for $bundle"
 fi
 if grep -q 'level=warning' <<<"$ov_out"; then
-  die "operator-verify reports warnings (above) for $bundle; fix them in the manifests or tests/src/bin/bundle-gen.rs"
+  die "operator-verify reports warnings (above) for $bundle; fix them in the manifests or tests/tools/src/bin/bundle-gen.rs"
 fi
 log "operator-verify: no errors, no warnings"
 
 min_kube="$(sed -n 's/^  minKubeVersion: *//p' "$bundle"/manifests/*.clusterserviceversion.yaml | tr -d "'\"")"
 step "nmo-bundle-validate -k8s-version $min_kube -strict $bundle"
 "$tools/nmo-bundle-validate" -k8s-version "$min_kube" -strict "$bundle" >&2 ||
-  die "the Operator Framework validators report problems (above) for $bundle; fix them in the manifests or tests/src/bin/bundle-gen.rs"
+  die "the Operator Framework validators report problems (above) for $bundle; fix them in the manifests or tests/tools/src/bin/bundle-gen.rs"
 log "bundle checked in $((SECONDS - start)) s"

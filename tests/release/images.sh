@@ -4,7 +4,7 @@
 #
 #   1. cargo build --release for x86_64-unknown-linux-musl (static binaries;
 #      paths remapped so the clone directory and CARGO_HOME never leak in)
-#   2. tests/src/bin/oci-image.rs reads controller/Containerfile and
+#   2. tests/tools/src/bin/oci-image.rs reads controller/Containerfile and
 #      webhook/Containerfile and writes target/images/nmo-<svc>.oci.tar
 #      (FROM scratch, the binary, USER 65532:65532, OCI labels; every
 #      timestamp = SOURCE_DATE_EPOCH = the commit's time)
@@ -65,7 +65,7 @@ bindir="$TARGET_DIR/$MUSL_TARGET/release"
 step "image writer"
 # A debug host tool; built without the musl RUSTFLAGS above.
 run_logged "cargo build --bin oci-image" "$logs/oci-image-build.log" \
-  cargo build --locked -q -p nmo-tests --bin oci-image
+  cargo build --locked -q -p nmo-tools --bin oci-image
 oci_image="$TARGET_DIR/debug/oci-image"
 
 : >"$out/digests.txt.partial"

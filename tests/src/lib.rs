@@ -11,7 +11,6 @@ pub mod manifests;
 pub mod olm;
 pub mod plane;
 pub mod process;
-pub mod scale;
 pub mod scrape;
 pub mod wait;
 pub mod webhook_pod;

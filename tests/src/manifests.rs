@@ -245,7 +245,7 @@ async fn apply_until_it_holds(client: &Client, what: &str, yaml: &str) -> anyhow
 /// rule of its role must say allowed. RBAC objects reach the authorizer
 /// through a watch, a moment after they are written; a service started in
 /// between would be answered "forbidden", which the RBAC audit after the
-/// suite (tests/src/bin/rbac-audit.rs) rightly counts as a failure.
+/// suite (tests/tools/src/bin/rbac-audit.rs) rightly counts as a failure.
 pub async fn wait_bindings_effective(
     client: &Client,
     what: &str,
@@ -407,7 +407,7 @@ pub const OPERATOR_NAMESPACE_COPY_PREFIX: &str = "nmo-system-";
 /// controller run with `--leader-election-namespace=<it>` elects on Lease
 /// 135b1886.medik8s.io (upstream's name) under exactly the manifests' rules,
 /// resourceNames included, and parallel tests do not share a leader. The RBAC
-/// audit after the suite (tests/src/bin/rbac-audit.rs, `--namespace-copy`)
+/// audit after the suite (tests/tools/src/bin/rbac-audit.rs, `--namespace-copy`)
 /// judges requests there against nmo-system's grants. Labelled with the
 /// test's group; [`delete_operator_namespace_copy`] removes it.
 pub async fn operator_namespace_copy(client: &Client, group: &str) -> anyhow::Result<String> {

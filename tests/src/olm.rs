@@ -2,14 +2,14 @@
 //! `clusterPermissions` become a ClusterRole and ClusterRoleBinding per
 //! service account, its `permissions` a Role and RoleBinding in the install
 //! namespace. The RBAC audit judges the suite's requests against them
-//! (tests/src/bin/rbac-audit.rs `--csv`), and with `NMO_TEST_RBAC=bundle` the
+//! (tests/tools/src/bin/rbac-audit.rs `--csv`), and with `NMO_TEST_RBAC=bundle` the
 //! tests install them instead of manifests/' RBAC, so the services run under
 //! exactly what the bundle grants (tests/src/manifests.rs).
 
 use anyhow::Context as _;
 use serde_yaml::Value;
 
-/// The bundle's ClusterServiceVersion (tests/src/bin/bundle-gen.rs writes it).
+/// The bundle's ClusterServiceVersion (tests/tools/src/bin/bundle-gen.rs writes it).
 pub const CSV: &str = "bundle/manifests/node-maintenance-operator-rs.clusterserviceversion.yaml";
 
 /// Names of the RBAC objects made from the CSV (`nmo-olm-<service account>`):

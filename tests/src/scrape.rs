@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
-use nmo_webhook::client::{ClientConfig, ReviewClient, tls_config};
+use nmo_webhook_client::{ClientConfig, ReviewClient, tls_config};
 use serde_json::json;
 
 const NS: &str = "nmo-system";

@@ -20,7 +20,7 @@ use nmo_tests::fixtures::GROUP_KEY;
 use nmo_tests::manifests::install_prereqs;
 use nmo_tests::process::{Running, http_get_local};
 use nmo_tests::wait::{Poll, until};
-use nmo_webhook::client::{ClientConfig, ReviewClient, tls_config};
+use nmo_webhook_client::{ClientConfig, ReviewClient, tls_config};
 use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(60);

@@ -22,7 +22,7 @@ use nmo_tests::fixtures::{GROUP_KEY, TestBed};
 use nmo_tests::process::{Running, service_account_kubeconfig};
 use nmo_tests::wait::{Poll, until};
 use nmo_tests::webhook_pod::{issue, launch_pod, register_url, write_certs};
-use nmo_webhook::client::{
+use nmo_webhook_client::{
     ClientConfig, ReviewClient, create_review, parse_response, pem_to_der, send_raw_then_reuse,
     tls_config,
 };

@@ -9,7 +9,6 @@
 
 pub mod body;
 pub mod cache;
-pub mod client;
 pub mod config;
 pub mod etcd;
 pub mod metrics;

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use http_body_util::Full;
 use hyper::{Request, StatusCode};
-use nmo_webhook::client::{
-    ReviewClient, connect_tls, create_review, parse_response, send_raw_then_reuse, tls_config,
-};
 use nmo_webhook::config::CertPaths;
 use nmo_webhook::metrics::Metrics;
 use nmo_webhook::server::{self, AppState, Limits, ServeOptions};
 use nmo_webhook::tls::{CertResolver, server_config};
 use nmo_webhook::validate::{EtcdGuard, Lookups, NodeFacts, Unavailable};
+use nmo_webhook_client::{
+    ReviewClient, connect_tls, create_review, parse_response, send_raw_then_reuse, tls_config,
+};
 use shared::consts::WEBHOOK_PATH;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use nmo_webhook::client::{ClientConfig, connect_tls};
+use nmo_webhook_client::{ClientConfig, connect_tls};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;

@@ -415,13 +415,13 @@ pub async fn fill(
 async fn wait_default_service_account(client: &Client) -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::ServiceAccount;
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), NAMESPACE);
-    crate::wait::until(
+    nmo_tests::wait::until(
         &format!("ServiceAccount {NAMESPACE}/default"),
         Duration::from_secs(60),
         || async {
             Ok(match api.get_opt("default").await? {
-                Some(_) => crate::wait::Poll::Ready(()),
-                None => crate::wait::Poll::Pending("not created yet".into()),
+                Some(_) => nmo_tests::wait::Poll::Ready(()),
+                None => nmo_tests::wait::Poll::Pending("not created yet".into()),
             })
         },
     )

@@ -1,12 +1,14 @@
 //! A small TLS client that talks to the webhook directly, as the API server
 //! does: HTTP/1.1 with keep-alive, the server certificate verified against a
-//! CA. Used by the bench binary and by tests; not by the webhook itself.
+//! CA. Used by the webhook's in-process tests (webhook/tests/server.rs), the
+//! integration tests and the benches (webhook-bench, scale-bench); not by the
+//! webhook itself.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -48,7 +50,7 @@ pub fn tls_config(ca_pem: &[u8]) -> Result<Arc<ClientConfig>, ClientError> {
             .add(cert)
             .map_err(|e| ClientError::Ca(e.to_string()))?;
     }
-    let cfg = ClientConfig::builder_with_provider(crate::tls::provider())
+    let cfg = ClientConfig::builder_with_provider(shared::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| ClientError::Ca(e.to_string()))?
         .with_root_certificates(roots)

@@ -1,6 +1,6 @@
 //! `make bench-scale` (tests/bench-scale.sh starts the plane and its nodes):
 //! both services, from their images and with their manifests' arguments,
-//! against a plane of 1,000 kwok nodes and 30,000 pods (tests/src/scale.rs).
+//! against a plane of 1,000 kwok nodes and 30,000 pods (scale.rs).
 //! Prints, against the targets of issue 12 (figures, never assertions):
 //! each service's memory idle, after maintenances and across a soak of pod,
 //! node and PodDisruptionBudget churn; the webhook's reviews/s; one 30-pod
@@ -26,15 +26,17 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use nmo_tests::deployment::{Launch, Pod as LocalPod};
 use nmo_tests::process::binary;
-use nmo_tests::scale::{self, Census, NAMESPACE, PODS_PER_NODE, POOL, POOL_LABEL};
 use nmo_tests::scrape::{self, MetricsReader};
 use nmo_tests::wait::{Poll, until};
+use scale::{Census, NAMESPACE, PODS_PER_NODE, POOL, POOL_LABEL};
 use serde_json::json;
 use shared::consts::{
     EXCLUDE_FROM_REMEDIATION_LABEL, LEASE_NAMESPACE_DEFAULT as LEASE_NAMESPACE, TAINT_DRAIN_KEY,
     TAINT_UNSCHEDULABLE_KEY,
 };
 use shared::{MaintenancePhase, NodeMaintenance};
+
+mod scale;
 
 /// Label of this bench's NodeMaintenances (and name prefix, for the webhook).
 const BENCH_LABEL: &str = "nmo-rs/scale-bench";

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use nmo_webhook::client::{ReviewClient, create_review, parse_response, tls_config};
-use nmo_webhook::config::parse_duration;
+use nmo_webhook_client::{ReviewClient, create_review, parse_response, tls_config};
 use shared::consts::WEBHOOK_PATH;
+use shared::duration::parse as parse_duration;
 
 mod raw;
 
@@ -41,7 +41,7 @@ impl Conn {
     async fn connect(
         kind: ClientKind,
         args: &Args,
-        tls: Arc<nmo_webhook::client::ClientConfig>,
+        tls: Arc<nmo_webhook_client::ClientConfig>,
     ) -> Result<Self, String> {
         Ok(match kind {
             ClientKind::Raw => Conn::Raw(Box::new(
@@ -270,7 +270,7 @@ fn memory(pid: u32) -> Option<(u64, u64)> {
 /// those sent after `measure_from` are kept.
 async fn worker(
     args: Arc<Args>,
-    tls: Arc<nmo_webhook::client::ClientConfig>,
+    tls: Arc<nmo_webhook_client::ClientConfig>,
     id: usize,
     concurrency: usize,
     per_connection_rate: Option<f64>,
@@ -331,7 +331,7 @@ async fn worker(
     Ok((ok, errors, lat, lags))
 }
 
-fn c_tls(args: &Args) -> Result<Arc<nmo_webhook::client::ClientConfig>, String> {
+fn c_tls(args: &Args) -> Result<Arc<nmo_webhook_client::ClientConfig>, String> {
     let pem = std::fs::read(&args.ca_file)
         .map_err(|e| format!("reading --ca-file {}: {e}", args.ca_file.display()))?;
     tls_config(&pem).map_err(|e| e.to_string())

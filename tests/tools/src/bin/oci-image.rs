@@ -702,7 +702,7 @@ ENTRYPOINT ["/bin-dest"]
     /// version.
     #[test]
     fn service_containerfiles() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         for svc in ["controller", "webhook"] {
             let text =
                 fs::read_to_string(root.join(svc).join("Containerfile")).expect("Containerfile");
