@@ -4,6 +4,7 @@
 //! reconcile ends without a conflict. Someone else writing the same object in
 //! a loop then costs a few requests per second at most, not one every 200 ms.
 
+use shared::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -24,7 +25,7 @@ pub struct ConflictStreaks(Mutex<HashMap<String, u32>>);
 impl ConflictStreaks {
     /// Count one more conflict for `name`; returns how long to wait before retrying.
     pub fn record(&self, name: &str) -> Duration {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.0.locked();
         let n = m.entry(name.to_string()).or_insert(0);
         *n = n.saturating_add(1);
         delay(*n)
@@ -32,7 +33,7 @@ impl ConflictStreaks {
 
     /// How many NodeMaintenances have a streak.
     pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.0.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -41,10 +42,7 @@ impl ConflictStreaks {
 
     /// The last reconcile of `name` did not end in a conflict.
     pub fn clear(&self, name: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
+        self.0.locked().remove(name);
     }
 }
 

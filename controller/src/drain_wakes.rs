@@ -33,6 +33,7 @@
 //!   namespaces of the PDBs that vanished meanwhile, a re-listed pod watch
 //!   wakes its node's maintenance.
 
+use shared::sync::LockExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -64,7 +65,7 @@ pub struct WatchedNodes(Arc<Mutex<HashSet<String>>>);
 
 impl WatchedNodes {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.locked()
     }
     pub fn contains(&self, node: &str) -> bool {
         self.lock().contains(node)

@@ -17,6 +17,7 @@
 //! (same resourceVersion as the patch's answer) wakes no reconcile; the
 //! reconcile that made it already acted on it.
 
+use shared::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -107,7 +108,7 @@ fn from_view(view: &NodeView) -> Node {
 
 impl NodeCache {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.locked()
     }
 
     /// The cached copy of node `name`, if a reconcile read it before.

@@ -12,6 +12,7 @@ use shared::consts::{LEASE_DURATION_SECONDS, LEASE_HOLDER_IDENTITY, lease_name};
 use shared::lease::{
     LeaseDecision, ReleaseDecision, decide, decide_release, new_spec, written_spec,
 };
+use shared::sync::LockExt;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
@@ -98,7 +99,7 @@ impl NodeLeases {
     }
 
     fn ours(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Lease>> {
-        self.ours.lock().unwrap_or_else(|p| p.into_inner())
+        self.ours.locked()
     }
 
     /// Take, renew or keep the lease of `node` for us.

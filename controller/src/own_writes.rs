@@ -1,6 +1,7 @@
 //! Read-your-writes over a watch cache that lags: the NodeMaintenance our
 //! last write returned, until the cache shows it.
 
+use shared::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -43,7 +44,7 @@ pub enum Current {
 impl OwnWrites {
     /// We wrote `name` from the version `based_on`, and got back `written`.
     pub fn wrote(&self, name: &str, based_on: Option<&str>, written: &NodeMaintenance) {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.0.locked();
         let (Some(base), Some(_)) = (based_on, written.metadata.resource_version.as_deref()) else {
             m.remove(name);
             return;
@@ -65,7 +66,7 @@ impl OwnWrites {
 
     /// What to act on when the cache holds `name` at version `cached`.
     pub fn current(&self, name: &str, cached: Option<&str>) -> Current {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.0.locked();
         let Some(w) = m.get(name) else {
             return Current::Cached;
         };
@@ -82,7 +83,7 @@ impl OwnWrites {
 
     /// How many NodeMaintenances have a write the cache has not shown yet.
     pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.0.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -95,7 +96,7 @@ impl OwnWrites {
         let Some(name) = nm.metadata.name.as_deref() else {
             return;
         };
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.0.locked();
         if m.get(name).is_some_and(|w| {
             nm.metadata.resource_version.is_some()
                 && w.latest.metadata.resource_version == nm.metadata.resource_version
@@ -106,10 +107,7 @@ impl OwnWrites {
 
     /// The object is gone, or a live read replaced what we knew.
     pub fn forget(&self, name: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
+        self.0.locked().remove(name);
     }
 }
 

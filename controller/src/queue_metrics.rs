@@ -27,6 +27,7 @@
 //! controller-runtime's `controller_runtime_active_workers`, counted from the
 //! reconciles in progress.
 
+use shared::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -192,7 +193,7 @@ impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain bookkeeping behind:
         // keep using it.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     fn label_refs(&self) -> [&str; 2] {

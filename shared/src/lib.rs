@@ -32,6 +32,7 @@ pub mod quorum;
 pub mod series;
 pub mod shutdown;
 pub mod slots;
+pub mod sync;
 pub mod telemetry;
 pub mod tls;
 pub mod ttl;

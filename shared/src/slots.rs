@@ -10,6 +10,7 @@
 //! webhook tells at admission time what a new NodeMaintenance will wait for
 //! ([`ahead`]), from the same rules.
 
+use crate::sync::LockExt;
 use crate::{MaintenancePhase, NodeMaintenance};
 use kube::ResourceExt;
 
@@ -132,7 +133,7 @@ pub struct Admissions {
 impl Admissions {
     /// How many admissions of this process the cache does not show yet.
     pub fn len(&self) -> usize {
-        self.decided.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.decided.locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -155,17 +156,14 @@ impl Admissions {
 
     /// NodeMaintenance `name` is gone: its admission is no longer counted.
     pub fn forget(&self, name: &str) {
-        self.decided
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(n, _)| n != name);
+        self.decided.locked().retain(|(n, _)| n != name);
     }
 
     /// [`decide`] for `me` over `all` (the cache), with this process's own
     /// admissions counted; an admission of `me` is recorded before it is
     /// returned.
     pub fn decide(&self, me: &Entry, all: &[Entry], max: usize) -> SlotDecision {
-        let mut decided = self.decided.lock().unwrap_or_else(|p| p.into_inner());
+        let mut decided = self.decided.locked();
         // The cache has caught up with these (or they are gone): it decides.
         decided.retain(|(name, created)| {
             all.iter()

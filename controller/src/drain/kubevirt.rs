@@ -4,6 +4,7 @@
 //! rather than a blocker, until the migration has run longer than
 //! `--migration-warning-after` (see [`Migrations`]).
 
+use shared::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -84,7 +85,7 @@ impl Migrations {
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
         // Plain data: a panic elsewhere leaves it usable.
-        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+        self.seen.locked()
     }
 
     /// KubeVirt answered "evacuation" for pod `uid` at `now`: how long since

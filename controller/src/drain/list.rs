@@ -5,6 +5,7 @@
 //! unfinished DaemonSet pod on the node (metadata only), answers kept for a
 //! few seconds.
 
+use shared::sync::LockExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -155,7 +156,7 @@ impl Default for DaemonSetAnswers {
 impl DaemonSetAnswers {
     fn entries(&self) -> std::sync::MutexGuard<'_, TtlCache<(String, String), bool>> {
         // Plain data: a panic elsewhere leaves it usable.
-        self.answers.lock().unwrap_or_else(|e| e.into_inner())
+        self.answers.locked()
     }
 
     /// The answer for `key` given less than [`DAEMONSET_ANSWER_TTL`] ago.
