@@ -17,17 +17,22 @@
 //! s.register(&registry)?;                    // or s.collectors() in a Collector
 //! ```
 //!
-//! The kinds are the `*Vec` types of the prometheus crate ([`Family`]); the
+//! The kinds are the `*Vec` types of the prometheus crate and the single
+//! series `IntGauge` and `Histogram` (no labels: `[]`) ([`Family`]); the
 //! constructor's parameters (`name: &str` above) are there for the `zero`
-//! label values. Registration order does not matter: a registry renders its
+//! label values. A field may carry a visibility (`pub adds: ...`) for other
+//! modules to reach it. Registration order does not matter: a registry renders its
 //! families sorted by name.
 
-use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts};
+use prometheus::{
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+};
 
 #[doc(hidden)]
 pub use prometheus::{Error, Registry, core::Collector};
 
-/// A labelled family of series that [`series!`](crate::series!) can declare.
+/// A family of series that [`series!`](crate::series!) can declare: a
+/// labelled `*Vec`, or a single series that takes no labels.
 pub trait Family: Collector + Clone + Sized + 'static {
     /// The family `name` with `help` and `labels`; `buckets` only matter to
     /// histograms (empty: the prometheus crate's defaults).
@@ -54,11 +59,39 @@ impl Family for GaugeVec {
 
 impl Family for HistogramVec {
     fn family(name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> Result<Self, Error> {
-        let mut opts = HistogramOpts::new(name, help);
-        if !buckets.is_empty() {
-            opts = opts.buckets(buckets.to_vec());
-        }
-        HistogramVec::new(opts, labels)
+        HistogramVec::new(histogram_opts(name, help, buckets), labels)
+    }
+}
+
+impl Family for IntGauge {
+    fn family(name: &str, help: &str, labels: &[&str], _: &[f64]) -> Result<Self, Error> {
+        no_labels(labels)?;
+        IntGauge::with_opts(Opts::new(name, help))
+    }
+}
+
+impl Family for Histogram {
+    fn family(name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> Result<Self, Error> {
+        no_labels(labels)?;
+        Histogram::with_opts(histogram_opts(name, help, buckets))
+    }
+}
+
+/// `buckets` when given, else the prometheus crate's defaults.
+fn histogram_opts(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
+    let opts = HistogramOpts::new(name, help);
+    if buckets.is_empty() {
+        opts
+    } else {
+        opts.buckets(buckets.to_vec())
+    }
+}
+
+/// A single series takes no labels.
+fn no_labels(labels: &[&str]) -> Result<(), Error> {
+    match labels.len() {
+        0 => Ok(()),
+        got => Err(Error::InconsistentCardinality { expect: 0, got }),
     }
 }
 
@@ -72,7 +105,7 @@ macro_rules! series {
         $vis:vis struct $name:ident ($($arg:ident : $argty:ty),* $(,)?) {
             $(
                 $(#[$fmeta:meta])*
-                $field:ident : $kind:ident ($metric:literal, $help:literal,
+                $fvis:vis $field:ident : $kind:ident ($metric:literal, $help:literal,
                     [$($label:literal),* $(,)?]
                     $(, buckets = $buckets:expr)?
                     $(, zero [$($zero:expr),* $(,)?])? $(,)?)
@@ -82,7 +115,7 @@ macro_rules! series {
         $(#[$meta])*
         #[derive(Clone)]
         $vis struct $name {
-            $( $(#[$fmeta])* $field: $kind, )*
+            $( $(#[$fmeta])* $fvis $field: $kind, )*
         }
 
         impl $name {
@@ -123,7 +156,7 @@ macro_rules! series {
 
 #[cfg(test)]
 mod tests {
-    use prometheus::{GaugeVec, HistogramVec, IntCounterVec};
+    use prometheus::{GaugeVec, Histogram, HistogramVec, IntCounterVec, IntGauge};
 
     crate::series! {
         /// Two series of a demo.
@@ -134,6 +167,20 @@ mod tests {
             took: HistogramVec("demo_seconds", "Time taken", ["who"],
                 buckets = [0.5, 2.0], zero [[who]]),
             level: GaugeVec("demo_level", "Not zero-filled", ["who"]),
+        }
+    }
+
+    crate::series! {
+        /// Single series, one reachable from other modules.
+        struct Single() {
+            pub up: IntGauge("single_up", "Up", []),
+            took: Histogram("single_seconds", "Time taken", [], buckets = [1.0]),
+        }
+    }
+
+    crate::series! {
+        struct Mislabelled() {
+            up: IntGauge("mislabelled_up", "Up", ["who"]),
         }
     }
 
@@ -170,5 +217,26 @@ demo_seconds_count{who="me"} 0
 "#;
         assert_eq!(render(&r), want);
         assert!(d.register(&r).is_err(), "a family registers once");
+    }
+
+    #[test]
+    fn single_series_take_no_labels() {
+        let s = Single::build().expect("build");
+        let r = prometheus::Registry::new();
+        s.register(&r).expect("register");
+        s.up.set(1);
+        s.took.observe(0.5);
+        let want = r#"# HELP single_seconds Time taken
+# TYPE single_seconds histogram
+single_seconds_bucket{le="1"} 1
+single_seconds_bucket{le="+Inf"} 1
+single_seconds_sum 0.5
+single_seconds_count 1
+# HELP single_up Up
+# TYPE single_up gauge
+single_up 1
+"#;
+        assert_eq!(render(&r), want);
+        assert!(Mislabelled::build().is_err(), "labels on a single series");
     }
 }

@@ -2,12 +2,13 @@
 //! series keep upstream's names and labels so existing dashboards work; the
 //! `nmo_webhook_*` series are ours.
 //!
-//! Each series is declared once, in the `webhook_metrics!` table: field,
-//! kind, labels, name, help text and buckets side by side.
+//! Each series is declared once, in the `shared::series!` table (as the
+//! controller's are): field, kind, name, help text, labels and buckets side
+//! by side.
 
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry,
-};
+use std::ops::Deref;
+
+use prometheus::{Histogram, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 /// Buckets of `nmo_webhook_review_duration_seconds`: 25 µs to 1 s.
 pub const REVIEW_DURATION_BUCKETS: [f64; 13] = [
@@ -20,134 +21,67 @@ pub const REVIEW_DURATION_BUCKETS: [f64; 13] = [
 #[error("registering webhook metrics failed: {0}")]
 pub struct MetricsError(#[from] prometheus::Error);
 
-/// A series kind the table below can declare: from its name, help text and
-/// buckets (histograms only; prometheus' default buckets when none are
-/// given), with the label names of a `*Vec` (none for a single series).
-trait Declare: Sized {
-    fn declare(opts: HistogramOpts, labels: &[&str]) -> prometheus::Result<Self>;
-}
-
-/// A single series takes no labels.
-fn no_labels(labels: &[&str]) -> prometheus::Result<()> {
-    match labels.len() {
-        0 => Ok(()),
-        got => Err(prometheus::Error::InconsistentCardinality { expect: 0, got }),
+shared::series! {
+    /// Every series of the webhook. Both certificate reload results exist
+    /// from the start so rate() and alerts work before the first reload.
+    pub struct Series() {
+        /// HTTP requests by status code, as controller-runtime counts them.
+        pub requests_total: IntCounterVec("controller_runtime_webhook_requests_total",
+            "Total number of admission requests by HTTP status code.", ["code", "webhook"]),
+        /// Request latency in seconds (controller-runtime's name and default buckets).
+        pub latency_seconds: HistogramVec("controller_runtime_webhook_latency_seconds",
+            "Histogram of the latency of processing admission requests", ["webhook"]),
+        /// Review handling time with sub-millisecond buckets (controller-runtime's
+        /// smallest latency bucket, 5 ms, cannot tell 50 µs from 4 ms).
+        pub review_duration_seconds: Histogram("nmo_webhook_review_duration_seconds",
+            "Time from an admission request reaching the handler to its answer, in seconds.",
+            [], buckets = REVIEW_DURATION_BUCKETS),
+        /// Requests being served right now.
+        pub requests_in_flight: IntGaugeVec("controller_runtime_webhook_requests_in_flight",
+            "Current number of admission requests being served.", ["webhook"]),
+        /// Admission decisions by operation, allowed and reason.
+        pub decisions_total: IntCounterVec("nmo_webhook_decisions_total",
+            "Admission decisions by operation, outcome and reason.",
+            ["operation", "allowed", "reason"]),
+        /// notAfter of the certificate being served, unix seconds.
+        pub certificate_not_after_seconds: IntGauge("nmo_webhook_certificate_not_after_seconds",
+            "Expiry (notAfter) of the serving certificate currently in use, as unix time.", []),
+        /// Certificate reloads by result (success / failure).
+        pub certificate_reloads_total: IntCounterVec("nmo_webhook_certificate_reloads_total",
+            "Serving certificate reloads after a change on disk, by result (success, failure).",
+            ["result"], zero [["success"], ["failure"]]),
+        /// 1 once a cache has its first full list, by cache name.
+        pub cache_ready: IntGaugeVec("nmo_webhook_cache_ready",
+            "1 once the named watch cache holds its first complete list.", ["cache"]),
+        /// 1 when the etcd quorum rule applies (OpenShift), 0 otherwise.
+        pub openshift: IntGauge("nmo_webhook_openshift",
+            "1 when the etcd quorum rule for control-plane nodes applies (OpenShift).", []),
     }
 }
 
-impl Declare for IntCounterVec {
-    fn declare(opts: HistogramOpts, labels: &[&str]) -> prometheus::Result<Self> {
-        IntCounterVec::new(opts.common_opts, labels)
+/// The webhook's series (reached through `Deref`: `metrics.openshift`) and
+/// the registry /metrics renders them from.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    series: Series,
+}
+
+impl Deref for Metrics {
+    type Target = Series;
+
+    fn deref(&self) -> &Series {
+        &self.series
     }
-}
-
-impl Declare for IntGaugeVec {
-    fn declare(opts: HistogramOpts, labels: &[&str]) -> prometheus::Result<Self> {
-        IntGaugeVec::new(opts.common_opts, labels)
-    }
-}
-
-impl Declare for IntGauge {
-    fn declare(opts: HistogramOpts, labels: &[&str]) -> prometheus::Result<Self> {
-        no_labels(labels)?;
-        IntGauge::with_opts(opts.common_opts)
-    }
-}
-
-impl Declare for HistogramVec {
-    fn declare(opts: HistogramOpts, labels: &[&str]) -> prometheus::Result<Self> {
-        HistogramVec::new(opts, labels)
-    }
-}
-
-impl Declare for Histogram {
-    fn declare(opts: HistogramOpts, labels: &[&str]) -> prometheus::Result<Self> {
-        no_labels(labels)?;
-        Histogram::with_opts(opts)
-    }
-}
-
-/// The `Metrics` struct, one field a series, and the constructor that
-/// creates and registers each: every series is declared in one place.
-macro_rules! webhook_metrics {
-    ($(
-        $(#[$doc:meta])*
-        $field:ident: $kind:ident [$($label:literal),*]
-            $name:literal, $help:literal $(, buckets $buckets:expr)?;
-    )*) => {
-        #[derive(Clone)]
-        pub struct Metrics {
-            pub registry: Registry,
-            $( $(#[$doc])* pub $field: $kind, )*
-        }
-
-        impl Metrics {
-            /// Every series created and registered, none touched yet.
-            fn declared() -> Result<Self, MetricsError> {
-                let registry = Registry::new();
-                $(
-                    let opts = HistogramOpts::new($name, $help);
-                    $( let opts = opts.buckets($buckets.to_vec()); )?
-                    let $field = <$kind as Declare>::declare(opts, &[$($label),*])?;
-                    registry.register(Box::new($field.clone()))?;
-                )*
-                Ok(Metrics { registry, $($field),* })
-            }
-        }
-    };
-}
-
-webhook_metrics! {
-    /// HTTP requests by status code, as controller-runtime counts them.
-    requests_total: IntCounterVec ["code", "webhook"]
-        "controller_runtime_webhook_requests_total",
-        "Total number of admission requests by HTTP status code.";
-    /// Request latency in seconds (controller-runtime's name and default buckets).
-    latency_seconds: HistogramVec ["webhook"]
-        "controller_runtime_webhook_latency_seconds",
-        "Histogram of the latency of processing admission requests";
-    /// Review handling time with sub-millisecond buckets (controller-runtime's
-    /// smallest latency bucket, 5 ms, cannot tell 50 µs from 4 ms).
-    review_duration_seconds: Histogram []
-        "nmo_webhook_review_duration_seconds",
-        "Time from an admission request reaching the handler to its answer, in seconds.",
-        buckets REVIEW_DURATION_BUCKETS;
-    /// Requests being served right now.
-    requests_in_flight: IntGaugeVec ["webhook"]
-        "controller_runtime_webhook_requests_in_flight",
-        "Current number of admission requests being served.";
-    /// Admission decisions by operation, allowed and reason.
-    decisions_total: IntCounterVec ["operation", "allowed", "reason"]
-        "nmo_webhook_decisions_total",
-        "Admission decisions by operation, outcome and reason.";
-    /// notAfter of the certificate being served, unix seconds.
-    certificate_not_after_seconds: IntGauge []
-        "nmo_webhook_certificate_not_after_seconds",
-        "Expiry (notAfter) of the serving certificate currently in use, as unix time.";
-    /// Certificate reloads by result (success / failure).
-    certificate_reloads_total: IntCounterVec ["result"]
-        "nmo_webhook_certificate_reloads_total",
-        "Serving certificate reloads after a change on disk, by result (success, failure).";
-    /// 1 once a cache has its first full list, by cache name.
-    cache_ready: IntGaugeVec ["cache"]
-        "nmo_webhook_cache_ready",
-        "1 once the named watch cache holds its first complete list.";
-    /// 1 when the etcd quorum rule applies (OpenShift), 0 otherwise.
-    openshift: IntGauge []
-        "nmo_webhook_openshift",
-        "1 when the etcd quorum rule for control-plane nodes applies (OpenShift).";
 }
 
 impl Metrics {
+    /// Every series created and registered.
     pub fn new() -> Result<Self, MetricsError> {
-        let metrics = Self::declared()?;
-        // Show both results from the start so rate() and alerts work before the first reload.
-        for result in ["success", "failure"] {
-            metrics
-                .certificate_reloads_total
-                .with_label_values(&[result]);
-        }
-        Ok(metrics)
+        let registry = Registry::new();
+        let series = Series::build()?;
+        series.register(&registry)?;
+        Ok(Metrics { registry, series })
     }
 
     /// The latency histogram of one webhook path (resolved once, not per request).

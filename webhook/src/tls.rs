@@ -11,9 +11,10 @@ use crate::metrics::Metrics;
 /// The serving certificate reports through `nmo_webhook_certificate_*`.
 impl From<Metrics> for CertMetrics {
     fn from(m: Metrics) -> Self {
+        // Clones share their series (an Arc inside): the same counters as before.
         CertMetrics {
-            not_after_seconds: m.certificate_not_after_seconds,
-            reloads_total: m.certificate_reloads_total,
+            not_after_seconds: m.certificate_not_after_seconds.clone(),
+            reloads_total: m.certificate_reloads_total.clone(),
         }
     }
 }

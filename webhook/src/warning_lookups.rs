@@ -20,6 +20,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
 use shared::consts::{OPENSHIFT_CONFIG_GROUP, OPENSHIFT_CONFIG_VERSION};
+use shared::ttl::TtlCache;
 use shared::{NodeMaintenance, slots};
 use tokio::time::Instant as Deadline;
 
@@ -58,8 +59,9 @@ pub(crate) struct WarningCaches<'a> {
 pub(crate) struct WarningLookups {
     client: Client,
     settings: WarningSettings,
-    /// Last discovery answer to "is kubevirt.io/v1 VirtualMachineInstance served".
-    kubevirt: Mutex<Option<(Instant, bool)>>,
+    /// Last discovery answer to "is kubevirt.io/v1 VirtualMachineInstance
+    /// served", trusted for [`KUBEVIRT_DISCOVERY_TTL`] (one entry, key `()`).
+    kubevirt: Mutex<TtlCache<(), bool>>,
     /// Warning lookups under way at once (at most [`WARNING_LOOKUPS`]).
     permits: tokio::sync::Semaphore,
 }
@@ -69,7 +71,7 @@ impl WarningLookups {
         WarningLookups {
             client,
             settings,
-            kubevirt: Mutex::new(None),
+            kubevirt: Mutex::new(TtlCache::new(1)),
             permits: tokio::sync::Semaphore::new(WARNING_LOOKUPS),
         }
     }
@@ -217,11 +219,9 @@ impl WarningLookups {
     /// Asked only when the node runs virt-launcher pods; the answer is kept
     /// for a minute.
     async fn kubevirt_served(&self) -> Result<bool, String> {
-        if let Ok(known) = self.kubevirt.lock() {
-            if let Some((at, served)) = *known {
-                if at.elapsed() < KUBEVIRT_DISCOVERY_TTL {
-                    return Ok(served);
-                }
+        if let Ok(mut known) = self.kubevirt.lock() {
+            if let Some(&served) = known.get(&(), Instant::now()) {
+                return Ok(served);
             }
         }
         let served = match self
@@ -234,7 +234,7 @@ impl WarningLookups {
             Err(e) => return Err(e.to_string()),
         };
         if let Ok(mut known) = self.kubevirt.lock() {
-            *known = Some((Instant::now(), served));
+            known.insert((), served, KUBEVIRT_DISCOVERY_TTL, Instant::now());
         }
         Ok(served)
     }
