@@ -365,3 +365,204 @@ pub fn after_drain(
     };
     write(next.status, why, Some(requeue))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::REQUEUE_PENDING;
+    use serde_json::json;
+
+    fn nm(status: serde_json::Value, spec_extra: serde_json::Value) -> NodeMaintenance {
+        let mut spec = json!({"nodeName": "w1", "reason": "r"});
+        if let (Some(s), Some(extra)) = (spec.as_object_mut(), spec_extra.as_object()) {
+            s.extend(extra.clone());
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1", "kind": "NodeMaintenance",
+            "metadata": {"name": "nm-1", "uid": "u-1", "finalizers": [FINALIZER]},
+            "spec": spec, "status": status
+        }))
+        .expect("NodeMaintenance")
+    }
+
+    fn node(cordoned: bool) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": "w1", "uid": "n-1"},
+            "spec": {"unschedulable": cordoned}}))
+        .expect("Node")
+    }
+
+    fn seen(nm: NodeMaintenance, slot: SlotDecision, node: NodeSeen) -> Observed {
+        Observed {
+            lifecycle: Observed::lifecycle_of(&nm),
+            nm,
+            slot: Some(slot),
+            node,
+            now: Timestamp::now(),
+        }
+    }
+
+    fn present() -> NodeSeen {
+        NodeSeen::Present(Box::new(node(false)))
+    }
+
+    /// Running, cordoned `minutes` ago.
+    fn running_since(minutes: i64) -> serde_json::Value {
+        let since = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(minutes);
+        json!({"phase": "Running", "pendingPodsRefs": [{"namespace": "ns", "name": "p"}],
+            "conditions": [{"type": "Cordoned", "status": "True", "reason": "Cordoned",
+                "message": "", "lastTransitionTime": since.to_string()}]})
+    }
+
+    #[test]
+    fn waiting_and_duplicates_only_write() {
+        let wait = SlotDecision::Wait {
+            position: 1,
+            holders: vec!["other".into()],
+            max: 1,
+        };
+        let Plan::Write(r) = next(
+            &seen(nm(json!({}), json!({})), wait, NodeSeen::NotRead),
+            false,
+        ) else {
+            panic!("a waiting maintenance only writes");
+        };
+        assert_eq!(
+            (r.why.cause, r.requeue),
+            (Cause::WaitingForSlot, Some(REQUEUE_PENDING))
+        );
+        let dup = SlotDecision::Duplicate {
+            owner: "first".into(),
+        };
+        let Plan::Write(r) = next(
+            &seen(nm(json!({}), json!({})), dup, NodeSeen::NotRead),
+            false,
+        ) else {
+            panic!("a duplicate only writes");
+        };
+        assert_eq!(r.status.phase, Some(MaintenancePhase::Failed));
+        assert_eq!(r.why.cause, Cause::DuplicateMaintenance);
+    }
+
+    #[test]
+    fn a_missing_node_is_given_back_only_if_it_was_touched() {
+        let fresh = nm(json!({}), json!({}));
+        let plan = next(&seen(fresh, SlotDecision::Admitted, NodeSeen::Gone), false);
+        assert!(
+            matches!(&plan, Plan::Write(r) if r.why.cause == Cause::NodeNotFound),
+            "{plan:?}"
+        );
+        let touched = nm(json!({"phase": "Running"}), json!({}));
+        let plan = next(
+            &seen(touched, SlotDecision::Admitted, NodeSeen::Gone),
+            false,
+        );
+        assert!(
+            matches!(&plan, Plan::GiveBack(r) if r.why.cause == Cause::NodeNotFound),
+            "{plan:?}"
+        );
+    }
+
+    #[test]
+    fn first_sight_begins_with_the_owner_reference() {
+        let plan = next(
+            &seen(nm(json!({}), json!({})), SlotDecision::Admitted, present()),
+            false,
+        );
+        let Plan::Begin {
+            owner_refs: Some(refs),
+            cordoned: false,
+        } = plan
+        else {
+            panic!("first sight: {plan:?}");
+        };
+        assert_eq!(
+            (refs[0].kind.as_str(), refs[0].uid.as_str()),
+            ("Node", "n-1")
+        );
+        let r = first_sight(&Status::default(), 3, vec![], false);
+        assert_eq!((r.status.total_pods, r.requeue), (3, Some(REQUEUE_NOW)));
+    }
+
+    #[test]
+    fn a_passed_deadline_gives_the_node_back_unless_force_is_allowed() {
+        let spec = json!({"drainTimeout": "10m", "drainTimeoutAction": "Force"});
+        let late = || nm(running_since(11), spec.clone());
+        let plan = next(&seen(late(), SlotDecision::Admitted, present()), false);
+        let Plan::GiveBack(r) = &plan else {
+            panic!("Force not allowed acts as Fail: {plan:?}");
+        };
+        assert_eq!(r.why.cause, Cause::DrainTimeout);
+        assert!(
+            r.status
+                .last_error
+                .ends_with(super::super::FORCE_NOT_ALLOWED_NOTE)
+        );
+        let plan = next(&seen(late(), SlotDecision::Admitted, present()), true);
+        assert!(
+            matches!(
+                plan,
+                Plan::Maintain {
+                    deadline: Deadline::Passed(DrainTimeoutAction::Force),
+                    ..
+                }
+            ),
+            "{plan:?}"
+        );
+        let early = nm(running_since(1), spec);
+        let plan = next(&seen(early, SlotDecision::Admitted, present()), false);
+        assert!(
+            matches!(
+                plan,
+                Plan::Maintain {
+                    deadline: Deadline::Ahead(_),
+                    ..
+                }
+            ),
+            "{plan:?}"
+        );
+    }
+
+    #[test]
+    fn the_lease_step_retries_or_gives_up() {
+        let retry = super::super::LeaseStep::Retry(Status::default());
+        let r = after_lease_step(retry, Cause::LeaseHeldByOther, true, Duration::from_secs(5))
+            .expect_err("a retry writes");
+        assert!(r.why.refresh && r.why.cordoned);
+        assert_eq!(r.requeue, Some(Duration::from_secs(5)));
+        let give_up = super::super::LeaseStep::GiveUp {
+            status: Status::default(),
+            cause: "held by NHC".into(),
+        };
+        let r = after_lease_step(give_up, Cause::LeaseError, true, Duration::from_secs(5))
+            .expect_err("giving up writes");
+        assert_eq!(
+            (r.why.cause, r.why.cordoned, r.requeue),
+            (Cause::LeaseLost, false, None)
+        );
+        assert_eq!(r.why.failure_cause.as_deref(), Some("held by NHC"));
+    }
+
+    #[test]
+    fn a_drain_never_comes_back_later_than_its_deadline() {
+        let round = Round {
+            remaining: vec![PodReference {
+                namespace: "ns".into(),
+                name: "p".into(),
+            }],
+            blocker: Some("blocked".into()),
+            ..Round::default()
+        };
+        let soon = Duration::from_secs(2);
+        let r = after_drain(
+            &Status::default(),
+            round,
+            vec![],
+            Deadline::Ahead(soon),
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            (r.requeue, r.why.cause),
+            (Some(soon), Cause::EvictionBlocked)
+        );
+    }
+}
