@@ -14,11 +14,12 @@ echo "== controller"
 NMO_BIN_PROFILE=release "${CARGO_TARGET_DIR:-target}/release/controller-bench"
 echo "== webhook"
 bash tests/deploy/bench-webhook.sh
-echo "== recovery from a kube-apiserver restart (SIGKILL, down 8 s; tests/tests/restarts.rs)"
+echo "== recovery from a kube-apiserver restart (SIGKILL, down 8 s; tests/tests/integration/restarts.rs)"
 # The restart tests themselves, on the release binaries; each prints a
 # "restart figure:" line. They restart the plane's API server four times.
 log="$(mktemp)"
-if NMO_TEST_BINARIES=cargo NMO_BIN_PROFILE=release cargo test -q -p nmo-tests --test restarts -- \
+# (--ignored: suite restarts is the binary's only #[ignore]d one.)
+if NMO_TEST_BINARIES=cargo NMO_BIN_PROFILE=release cargo test -q -p nmo-tests --test integration -- \
   --ignored --test-threads=1 --nocapture apiserver_restart >"$log" 2>&1; then
   sed -n 's/^restart figure: /  /p' "$log"
   rm -f "$log"

@@ -63,10 +63,34 @@ echo "== integration tests against the local control plane"
 # (tests/src/deployment.rs). NMO_TEST_BINARIES=cargo runs cargo's debug
 # binaries instead, for a quick local loop only.
 if [ "${NMO_TEST_BINARIES:-}" = cargo ]; then cargo build --workspace --bins; fi
+# The integration tests are one binary, a module per suite
+# (tests/tests/integration/main.rs). Suites run one at a time, each suite's
+# tests in parallel: some suites share cluster-wide objects (main.rs says
+# which), and each ran as a binary of its own, one after the other.
+suites() { # the binary's suites (modules), sorted; fails when it does not build
+  local list
+  list="$(cargo test -q -p nmo-tests --test integration -- --list --format terse)" || return 1
+  sed -n 's/^\([a-z0-9_]*\)::.*: test$/\1/p' <<<"$list" | LC_ALL=C sort -u
+}
+# run_suites SUITE...: each suite's tests not #[ignore]d, suite after suite.
+run_suites() {
+  local s status=0
+  for s in $(printf '%s\n' "$@" | LC_ALL=C sort -u); do
+    cargo test -p nmo-tests --test integration -- --test-threads="${NMO_TEST_THREADS:-4}" "$s::" || status=$?
+  done
+  return "$status"
+}
 # The RBAC audit below reads the API server's audit log from this moment on.
 audit_since="$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)"
 rc=0
-cargo test -p nmo-tests --no-fail-fast -- --test-threads="${NMO_TEST_THREADS:-4}" || rc=$?
+cargo test -p nmo-tests --no-fail-fast --lib -- --test-threads="${NMO_TEST_THREADS:-4}" || rc=$?
+if all_suites="$(suites)" && [ -n "$all_suites" ]; then
+  # shellcheck disable=SC2086 # one word a suite
+  run_suites $all_suites || rc=$?
+else
+  echo "the integration tests did not build, or list no suite" >&2
+  rc=1
+fi
 
 echo "== RBAC audit: what each service did (API server audit log) against what manifests/ grants"
 # Fails on a forbidden answer, a request the manifests do not grant, an unused
@@ -99,7 +123,7 @@ echo "== the services under the OLM bundle's RBAC: part of the suite run again, 
 # the CSV grants (as OLM installs it, tests/src/olm.rs) instead of
 # manifests/' RBAC, whose bindings they remove. Namespace medik8s-leases is
 # deleted first (a bundle does not ship it): the first maintenance's
-# controller must create it. These test files together use every grant of
+# controller must create it. These suites together use every grant of
 # the bundle; the audit fails on a forbidden answer and on a grant unused or
 # wider than its use unless tests/cluster/rbac-audit-allow-olm.yaml gives
 # the reason OLM forces it.
@@ -107,10 +131,9 @@ csv=bundle/manifests/node-maintenance-operator-rs.clusterserviceversion.yaml
 K delete namespace medik8s-leases --ignore-not-found --wait=true --timeout=120s
 bundle_since="$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)"
 export NMO_TEST_RBAC=bundle
-cargo test -p nmo-tests --test controller -- --exact full_cycle_drains_the_node_and_restores_it_exactly || rc=$?
-cargo test -p nmo-tests --no-fail-fast --test controller --test lease --test webhook \
-  --test webhook_warnings --test drain_timeout --test drain_parity --test kubevirt \
-  --test metrics_auth --test deployments -- --test-threads="${NMO_TEST_THREADS:-4}" || rc=$?
+cargo test -p nmo-tests --test integration -- --exact controller::full_cycle_drains_the_node_and_restores_it_exactly || rc=$?
+run_suites controller lease webhook webhook_warnings drain_timeout drain_parity kubevirt \
+  metrics_auth deployments || rc=$?
 unset NMO_TEST_RBAC
 KUBECTL="$root/.cluster/bin/kubectl" cargo run -q -p nmo-tools --bin rbac-audit -- \
   --csv "$csv" --manifests manifests/components/force-drain/rbac.yaml \
@@ -125,10 +148,11 @@ for sa in $(sed -n 's/^ *\(- \)\{0,1\}serviceAccountName: *//p' "$csv" | sort -u
 done
 
 echo "== restart tests: kube-apiserver and etcd SIGKILLed and started again under the services"
-# tests/tests/restarts.rs restarts the shared plane, so its tests are
-# #[ignore]d (the run above skips them) and run here: last, after the RBAC
-# audit has judged the suite's requests, alone and one at a time.
-cargo test -p nmo-tests --test restarts -- --ignored --test-threads=1 || rc=$?
+# Suite restarts (tests/tests/integration/restarts.rs) restarts the shared
+# plane, so its tests are #[ignore]d (the runs above skip them) and run here:
+# last, after the RBAC audit has judged the suite's requests, alone and one at
+# a time.
+cargo test -p nmo-tests --test integration -- --ignored --test-threads=1 restarts:: || rc=$?
 
 echo "== cleanup: what the tests left on the plane (tests/cluster/sweep.sh)"
 # The plane keeps running for the next run (make cluster-down stops it).

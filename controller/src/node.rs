@@ -169,7 +169,7 @@ mod tests {
 
     /// A JSON patch as the API server applies it (evanphx/json-patch): RFC
     /// 6902, except that `test` with null passes on a missing path (checked
-    /// against the real API server by tests/tests/drain_parity.rs). The
+    /// against the real API server by tests/tests/integration/drain_parity.rs). The
     /// result is stored as the API server stores a node: no empty taint list,
     /// label map or false `unschedulable`.
     fn api_server_patch(node: &Node, ops: Vec<Value>) -> Result<Node, String> {

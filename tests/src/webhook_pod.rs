@@ -123,9 +123,9 @@ pub async fn unregister(client: &Client, group: &str) {
         .await;
 }
 
-/// One webhook for a test, started as tests/tests/webhook.rs starts its own:
-/// fresh certificates in the kubelet layout, the base Deployment's pod run as
-/// the nmo-webhook ServiceAccount with `extra_args` after the manifests'
+/// One webhook for a test, started as suite `webhook` starts its own: fresh
+/// certificates in the kubelet layout, the base Deployment's pod run as the
+/// nmo-webhook ServiceAccount with `extra_args` after the manifests'
 /// arguments.
 pub struct TestWebhook {
     pub proc: Running,

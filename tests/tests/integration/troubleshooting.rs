@@ -154,7 +154,7 @@ fn parse_guide(text: &str) -> Result<Vec<Block>, Vec<String>> {
                 },
                 ("console", None) => errors.push(format!(
                     "line {open}: ```console block without a `<!-- check: SCENARIO -->` marker: \
-                     every console example is run by tests/tests/troubleshooting.rs; write \
+                     every console example is run by tests/tests/integration/troubleshooting.rs; write \
                      commands the local plane cannot run in a ```sh block"
                 )),
                 (other, Some((scenario, at))) => errors.push(format!(
@@ -286,7 +286,7 @@ fn blocks_of(scenario: &str) -> Vec<Block> {
     assert!(
         !mine.is_empty(),
         "{GUIDE} has no `<!-- check: {scenario} -->` example any more: remove its setup from \
-         tests/tests/troubleshooting.rs"
+         tests/tests/integration/troubleshooting.rs"
     );
     mine
 }
@@ -625,12 +625,12 @@ fn every_scenario_of_the_guide_has_a_setup_and_back() {
     assert!(
         no_setup.is_empty(),
         "{GUIDE} checks scenarios no test sets up: {no_setup:?}; add each to `scenarios!` in \
-         tests/tests/troubleshooting.rs with a setup"
+         tests/tests/integration/troubleshooting.rs with a setup"
     );
     let unused: Vec<_> = here.difference(&in_guide).collect();
     assert!(
         unused.is_empty(),
-        "tests/tests/troubleshooting.rs sets up scenarios {GUIDE} no longer checks: {unused:?}"
+        "tests/tests/integration/troubleshooting.rs sets up scenarios {GUIDE} no longer checks: {unused:?}"
     );
 }
 

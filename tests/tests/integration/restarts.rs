@@ -111,7 +111,7 @@ fn leftovers(node: &Node, lease: Option<&Lease>) -> Vec<String> {
 
 /// A test's own nodes and namespace, and one controller pod (the base
 /// Deployment, from its image) for its NodeMaintenances, electing itself
-/// leader in the test's private copy of nmo-system (as tests/tests/controller.rs).
+/// leader in the test's private copy of nmo-system (as tests/tests/integration/controller.rs).
 struct Env {
     bed: TestBed,
     operator_ns: String,

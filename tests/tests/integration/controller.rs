@@ -685,7 +685,7 @@ async fn probes_metrics_and_clean_shutdown() {
     let target = env.node_in_maintenance().await;
     // Series that only count after real work: a value above 0 (a series
     // created at 0 up front would not pass). Exact names and labels of every
-    // controller-runtime series: tests/tests/controller_metrics.rs.
+    // controller-runtime series: tests/tests/integration/controller_metrics.rs.
     let text = wait_http(metrics, "/metrics").await;
     for series in [
         "controller_runtime_reconcile_total{controller=\"nodemaintenance\",result=\"requeue_after\"}",
