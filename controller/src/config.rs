@@ -4,14 +4,14 @@
 use std::time::Duration;
 
 use clap::Parser;
-use shared::consts::LEADER_ELECTION_LEASE_NAME;
-use shared::goflags::GoBoolFlag as _;
-use shared::telemetry::RuntimeFlags;
+use shared::api::consts::LEADER_ELECTION_LEASE_NAME;
+use shared::serve::goflags::GoBoolFlag as _;
+use shared::serve::telemetry::RuntimeFlags;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "nmo-controller",
-    version = shared::version::VERSION,
+    version = shared::api::version::VERSION,
     args_override_self = true,
     about = "Reconciles NodeMaintenance objects: takes the node's medik8s lease, excludes it from \
              remediation, cordons and taints it, drains it through the Eviction API, and gives it \
@@ -31,7 +31,7 @@ pub struct Config {
 
     /// Namespace of the leader election Lease. Default: OPERATOR_NAMESPACE, else
     /// POD_NAMESPACE, else the service account's namespace, else nmo-system.
-    #[arg(long, default_value_t = shared::namespace::operator_namespace())]
+    #[arg(long, default_value_t = shared::kube::namespace::operator_namespace())]
     pub leader_election_namespace: String,
 
     /// At most this many nodes are in maintenance at once; the others wait in creation order
@@ -49,7 +49,7 @@ pub struct Config {
     pub nodemaintenance_selector: String,
 
     /// Namespace of the per-node medik8s leases (upstream reads LEASE_NAMESPACE).
-    #[arg(long, env = "LEASE_NAMESPACE", default_value = shared::consts::LEASE_NAMESPACE_DEFAULT)]
+    #[arg(long, env = "LEASE_NAMESPACE", default_value = shared::api::consts::LEASE_NAMESPACE_DEFAULT)]
     pub lease_namespace: String,
 
     /// How soon a blocked drain (PodDisruptionBudget, eviction webhook, a
@@ -78,7 +78,7 @@ pub struct Config {
 
 /// A duration in Go's syntax ("5s", "500ms", "1m30s"), above zero.
 fn positive_duration(value: &str) -> Result<Duration, String> {
-    let d = shared::duration::parse(value)?;
+    let d = shared::rules::duration::parse(value)?;
     if d.is_zero() {
         return Err(format!("invalid duration {value:?}: must be above zero"));
     }
@@ -88,7 +88,7 @@ fn positive_duration(value: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::goflags::normalize;
+    use shared::serve::goflags::normalize;
 
     fn parse(args: &[&str]) -> Result<Config, clap::Error> {
         let mut full = vec!["nmo-controller"];

@@ -4,7 +4,7 @@
 //! reconcile ends without a conflict. Someone else writing the same object in
 //! a loop then costs a few requests per second at most, not one every 200 ms.
 
-use shared::sync::LockExt;
+use shared::rules::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;

@@ -9,7 +9,7 @@
 //! - **PodDisruptionBudgets**: one cluster-wide watch. PDBs are few (one per
 //!   workload at most) and kube's `metadata_watcher` would not do: what
 //!   matters is `status.disruptionsAllowed`, so each is decoded to just that
-//!   and its generation (`shared::lean::PdbView`). No cache: two facts per PDB are
+//!   and its generation (`shared::kube::partial::PdbView`). No cache: two facts per PDB are
 //!   kept (its generation, whether it allows a disruption). A PDB that allows a
 //!   disruption where it did not, whose spec changed (its selector may no
 //!   longer pick the pod), or that was deleted, wakes every Running
@@ -33,7 +33,7 @@
 //!   namespaces of the PDBs that vanished meanwhile, a re-listed pod watch
 //!   wakes its node's maintenance.
 
-use shared::sync::LockExt;
+use shared::rules::sync::LockExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -43,7 +43,7 @@ use futures::{Stream, StreamExt};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use shared::lean::{PdbView, PodMeta};
+use shared::kube::partial::{PdbView, PodMeta};
 use shared::{MaintenancePhase, NodeMaintenance};
 
 use crate::queue_metrics::WorkQueue;
@@ -98,7 +98,7 @@ pub fn wakes(
         Api::<PdbView>::all(client.clone()),
         watcher::Config::default().page_size(crate::watches::LIST_PAGE),
     )
-    .backoff(shared::watch::reconnect_backoff())
+    .backoff(shared::kube::watch::reconnect_backoff())
     .boxed();
     let state = Blockers {
         client,
@@ -288,7 +288,7 @@ impl Blockers {
             let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
             let (pods, stop) = futures::stream::abortable(
                 watcher(Api::<PodMeta>::all(self.client.clone()), wc)
-                    .backoff(shared::watch::reconnect_backoff()),
+                    .backoff(shared::kube::watch::reconnect_backoff()),
             );
             let of = node.clone();
             self.pods.push(pods.map(move |e| (of.clone(), e)).boxed());

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
-use shared::consts::{EVENT_COMPONENT, EventSpec};
+use shared::api::consts::{EVENT_COMPONENT, EventSpec};
 
 #[derive(Clone)]
 pub struct Events {

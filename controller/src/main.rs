@@ -11,7 +11,7 @@ use kube::Client;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Controller, controller, watcher};
 use shared::NodeMaintenance;
-use shared::probes::{Gate, Readiness};
+use shared::serve::probes::{Gate, Readiness};
 
 use nmo_controller::config::Config;
 use nmo_controller::reconcile::{Ctx, MAX_CONCURRENT_RECONCILES, error_policy, reconcile};
@@ -19,8 +19,8 @@ use nmo_controller::{drain_wakes, leadership, metrics, serving, watches};
 
 #[tokio::main]
 async fn main() {
-    let cfg = Config::parse_from(shared::goflags::normalize(std::env::args_os()));
-    let mut log = shared::telemetry::init_logging(&cfg.runtime.log);
+    let cfg = Config::parse_from(shared::serve::goflags::normalize(std::env::args_os()));
+    let mut log = shared::serve::telemetry::init_logging(&cfg.runtime.log);
     if let Err(e) = run(cfg).await {
         tracing::error!(error = format!("{e:#}"), "nmo-controller stopped");
         log.finish(); // process::exit skips destructors
@@ -36,7 +36,7 @@ const NM_CACHE_GATE: &str = "NodeMaintenance cache";
 /// ready, and a graceful shutdown stops the watch that would fill it: it
 /// would wait forever (seen: a standby SIGTERMed 25 ms after its start hung
 /// until killed). Nothing can be running then, so the process stops.
-async fn stopped_before_sync(signals: &shared::shutdown::Signals, readiness: &Readiness) {
+async fn stopped_before_sync(signals: &shared::serve::shutdown::Signals, readiness: &Readiness) {
     signals.requested().await;
     if !readiness.waiting_for().iter().any(|g| g == NM_CACHE_GATE) {
         std::future::pending::<()>().await;
@@ -44,7 +44,8 @@ async fn stopped_before_sync(signals: &shared::shutdown::Signals, readiness: &Re
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
-    let signals = shared::shutdown::Signals::install().context("installing signal handlers")?;
+    let signals =
+        shared::serve::shutdown::Signals::install().context("installing signal handlers")?;
     let readiness = Readiness::default();
     // Registered before the probes answer: until the cache is filled,
     // /readyz says so (a rolling update must not count this pod Ready yet).
@@ -157,8 +158,8 @@ fn controller(
     Controller::for_stream(nms, store.clone())
         .with_config(controller::Config::default().concurrency(limit))
         // Its own pause after a watch error grows to 30 s; ours reconnects
-        // within 0.1-2 s (shared::watch).
-        .trigger_backoff(shared::watch::reconnect_backoff())
+        // within 0.1-2 s (shared::kube::watch).
+        .trigger_backoff(shared::kube::watch::reconnect_backoff())
         .watches_stream(nodes, move |n| {
             watches::maintenances_of(&store, &n, &queue, &node_cache)
         })

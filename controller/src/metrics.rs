@@ -204,7 +204,7 @@ impl Metrics {
         &self,
         sample: impl Fn() -> Vec<(&'static str, usize)> + Send + Sync + 'static,
     ) -> Result<(), prometheus::Error> {
-        let gauge = <IntGaugeVec as shared::series::Family>::family(
+        let gauge = <IntGaugeVec as shared::serve::series::Family>::family(
             "nmo_controller_kept_entries",
             "Entries the controller keeps in memory per NodeMaintenance or node, by store",
             &["store"],

@@ -17,7 +17,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use serde_json::{Value, json};
-use shared::consts::{
+use shared::api::consts::{
     EXCLUDE_FROM_REMEDIATION_LABEL, EXCLUDE_FROM_REMEDIATION_VALUE, TAINT_DRAIN_KEY, TAINT_EFFECT,
     TAINT_UNSCHEDULABLE_KEY,
 };

@@ -17,14 +17,14 @@
 //! (same resourceVersion as the patch's answer) wakes no reconcile; the
 //! reconcile that made it already acted on it.
 
-use shared::sync::LockExt;
+use shared::rules::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
-use shared::lean::NodeView;
+use shared::kube::partial::NodeView;
 
 #[derive(Clone, Default)]
 pub struct NodeCache(Arc<Mutex<HashMap<String, Entry>>>);

@@ -1,6 +1,6 @@
 //! The per-node medik8s lease against the API server. The rules themselves
 //! (validity, when to renew, take over or wait, what a write sets, what a
-//! release deletes) live in `shared::lease`, matching the medik8s common
+//! release deletes) live in `shared::rules::lease`, matching the medik8s common
 //! library; this module reads, writes and deletes the Lease.
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -8,15 +8,15 @@ use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
-use shared::consts::{LEASE_DURATION_SECONDS, LEASE_HOLDER_IDENTITY, lease_name};
-use shared::lease::{
+use shared::api::consts::{LEASE_DURATION_SECONDS, LEASE_HOLDER_IDENTITY, lease_name};
+use shared::rules::lease::{
     LeaseDecision, ReleaseDecision, decide, decide_release, new_spec, written_spec,
 };
-use shared::sync::LockExt;
+use shared::rules::sync::LockExt;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
-    #[error("{}", shared::consts::msg_lease_held_by_other(.0))]
+    #[error("{}", shared::api::consts::msg_lease_held_by_other(.0))]
     HeldByOther(String),
     #[error("failed to {action} lease {namespace}/{name}: {source}; {hint}")]
     Api {
@@ -81,7 +81,7 @@ impl NodeLeases {
     /// Keep `lease` as our last write (its managedFields dropped: a replace
     /// without them leaves the API server's as they are).
     fn keep(&self, name: &str, mut lease: Lease) {
-        shared::lean::forget_managed_fields(&mut lease.metadata);
+        shared::kube::partial::forget_managed_fields(&mut lease.metadata);
         self.ours().insert(name.to_string(), lease);
     }
 
@@ -163,7 +163,7 @@ impl NodeLeases {
             now,
         ));
         // Every write makes the Node the lease's only owner, whoever owned it before.
-        lease.metadata.owner_references = Some(vec![shared::nodes::owner_reference(node)]);
+        lease.metadata.owner_references = Some(vec![shared::rules::nodes::owner_reference(node)]);
         // Replace carries the resourceVersion we read (or last wrote): a
         // concurrent writer wins; `request` then reads the lease and judges
         // again once, or the next reconcile does.
@@ -181,7 +181,7 @@ impl NodeLeases {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 namespace: Some(self.namespace.clone()),
-                owner_references: Some(vec![shared::nodes::owner_reference(node)]),
+                owner_references: Some(vec![shared::rules::nodes::owner_reference(node)]),
                 ..Default::default()
             },
             spec: Some(new_spec(LEASE_HOLDER_IDENTITY, LEASE_DURATION_SECONDS, now)),

@@ -1,7 +1,7 @@
 //! Read-your-writes over a watch cache that lags: the NodeMaintenance our
 //! last write returned, until the cache shows it.
 
-use shared::sync::LockExt;
+use shared::rules::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

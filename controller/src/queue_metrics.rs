@@ -27,7 +27,7 @@
 //! controller-runtime's `controller_runtime_active_workers`, counted from the
 //! reconciles in progress.
 
-use shared::sync::LockExt;
+use shared::rules::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};

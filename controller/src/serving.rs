@@ -5,8 +5,8 @@
 
 use anyhow::Context as _;
 use kube::Client;
-use shared::probes::{Readiness, bind_and_serve, probe_router};
-use shared::telemetry::parse_bind_address;
+use shared::serve::probes::{Readiness, bind_and_serve, probe_router};
+use shared::serve::telemetry::parse_bind_address;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -31,9 +31,10 @@ pub async fn metrics(cfg: &Config, metrics: &Metrics, client: &Client) -> anyhow
         "nmo-controller-metrics.{}.svc",
         cfg.leader_election_namespace
     )];
-    if let Some(serving) = shared::metrics_server::MetricsServing::from_flags(&cfg.runtime, names)?
+    if let Some(serving) =
+        shared::serve::metrics_server::MetricsServing::from_flags(&cfg.runtime, names)?
     {
-        let serving = shared::metrics_server::serve(
+        let serving = shared::serve::metrics_server::serve(
             serving,
             metrics.registry.clone(),
             client.clone(),
@@ -71,14 +72,14 @@ pub async fn clients(metrics: &Metrics) -> anyhow::Result<Clients> {
 /// A client whose every request is counted (`Metrics::rest_layer`), with at
 /// most [`MAX_IN_FLIGHT`] requests waiting for their response headers at
 /// once (a watch counts until its stream begins); HTTP/2 when the API server
-/// offers it (`shared::kube_client`).
+/// offers it (`shared::kube::client`).
 fn counted_client(metrics: &Metrics, config: &kube::Config) -> anyhow::Result<Client> {
     let host = config
         .cluster_url
         .authority()
         .map(|a| a.as_str().to_string())
         .unwrap_or_default();
-    Ok(shared::kube_client::builder(config)?
+    Ok(shared::kube::client::builder(config)?
         .with_layer(&metrics.rest_layer(&host))
         .with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_IN_FLIGHT))
         .build())

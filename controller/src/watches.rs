@@ -12,8 +12,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use shared::NodeMaintenance;
-use shared::lean::NodeView;
-use shared::probes::Gate;
+use shared::kube::partial::NodeView;
+use shared::serve::probes::Gate;
 
 use crate::metrics::Metrics;
 use crate::node_cache::NodeCache;
@@ -49,7 +49,7 @@ pub fn nodemaintenances(
     let store = writer.as_reader();
     let queue = metrics.queue.clone();
     let stream = watcher(Api::<NodeMaintenance>::all(client), wc)
-        .modify(|nm| shared::lean::forget_managed_fields(&mut nm.metadata))
+        .modify(|nm| shared::kube::partial::forget_managed_fields(&mut nm.metadata))
         .reflect(writer)
         .inspect(move |event| {
             on_nodemaintenance_event(event, &synced, &relisted_tx);
@@ -132,7 +132,7 @@ fn show(metrics: &Metrics, nm: &NodeMaintenance) {
 
 /// Node changes that matter to a maintenance (cordon, taints, labels, a node
 /// recreated under the same name), as a stream of nodes, each decoded to
-/// just those fields (`shared::lean`: a thousand nodes cost their names,
+/// just those fields (`shared::kube::partial`: a thousand nodes cost their names,
 /// labels and taints, not their status). Listed 100 at a time, so the first
 /// list never holds more than a small page of JSON.
 pub fn nodes(
@@ -201,7 +201,7 @@ pub fn reconcile_all<S: Stream<Item = ()> + Send + 'static>(
     })
 }
 
-/// A watch failed; it reconnects on its own (see `shared::watch`).
+/// A watch failed; it reconnects on its own (see `shared::kube::watch`).
 pub(crate) fn log_watch_error(resource: &str, e: &watcher::Error) {
     if matches!(e, watcher::Error::WatchError(s) if s.code == 410) {
         tracing::info!(

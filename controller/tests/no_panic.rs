@@ -8,8 +8,8 @@
 //! its type allows (i64 extremes, lists of unrelated lengths, conditions of
 //! any type, status and time). These properties build such objects as JSON
 //! text, decode them as the controller does (serde_json), and drive every
-//! pure decision of the controller with them: `shared::duration::parse`,
-//! `plan`, `conditions`, `classify::drain_progress` and `shared::slots`.
+//! pure decision of the controller with them: `shared::rules::duration::parse`,
+//! `plan`, `conditions`, `classify::drain_progress` and `shared::rules::slots`.
 //! Each case runs under the test (debug) profile, where an integer overflow
 //! panics; the outputs are checked to stay sane (drainProgress in 0..=100
 //! after any function that sets it, phases as each function documents).
@@ -29,9 +29,9 @@ use proptest::sample::select;
 use proptest::string::string_regex;
 use proptest::test_runner::{Config, RngAlgorithm};
 use serde_json::{Map, Value, json};
-use shared::consts::{FINALIZER, MAX_ALLOWED_ERROR_TO_UPDATE_OWNED_LEASE};
-use shared::duration;
-use shared::slots::{self, Entry, SlotDecision};
+use shared::api::consts::{FINALIZER, MAX_ALLOWED_ERROR_TO_UPDATE_OWNED_LEASE};
+use shared::rules::duration;
+use shared::rules::slots::{self, Entry, SlotDecision};
 use shared::{
     DrainTimeoutAction, MaintenancePhase, NodeMaintenance, NodeMaintenanceStatus as Status,
     PodReference,

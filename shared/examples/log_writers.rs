@@ -1,5 +1,5 @@
 //! Log writer benchmark: JSON lines formatted exactly as the binaries format
-//! them ([`shared::telemetry::log_subscriber`], default flags), logged from 1
+//! them ([`shared::serve::telemetry::log_subscriber`], default flags), logged from 1
 //! and 4 threads, through each candidate writer, to a file, to /dev/null and
 //! to a pipe read by `cat >/dev/null` (a container's stderr is a pipe).
 //!
@@ -24,12 +24,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shared::telemetry::{LogFlags, log_subscriber};
+use shared::serve::telemetry::{LogFlags, log_subscriber};
 use tracing::Dispatch;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Writer {
-    /// shared::logwriter::batched, as init_logging starts it.
+    /// shared::serve::logwriter::batched, as init_logging starts it.
     Ours,
     /// tracing-appender non_blocking, lossy(false), straight to the sink.
     Appender,
@@ -53,7 +53,7 @@ const WRITERS: [Writer; 3] = [Writer::Ours, Writer::Appender, Writer::AppenderBu
 /// Lines tracing-appender holds before logging waits: as many as fit in
 /// logwriter's byte limit, at the ~400 bytes of this benchmark's line
 /// (printed as "mean line length").
-const APPENDER_LINES: usize = shared::logwriter::DEFAULT_MAX_BUFFERED / 400;
+const APPENDER_LINES: usize = shared::serve::logwriter::DEFAULT_MAX_BUFFERED / 400;
 
 struct Run {
     calls_per_s: f64,
@@ -135,10 +135,10 @@ fn run_one(writer: Writer, sink: Sink<'_>, threads: usize, lines: usize) -> Run 
     let start = Instant::now();
     let (dispatch, finish): (Dispatch, Box<dyn FnOnce()>) = match writer {
         Writer::Ours => {
-            let (w, mut guard) = shared::logwriter::batched(
+            let (w, mut guard) = shared::serve::logwriter::batched(
                 out,
-                shared::logwriter::DEFAULT_BATCH_DELAY,
-                shared::logwriter::DEFAULT_MAX_BUFFERED,
+                shared::serve::logwriter::DEFAULT_BATCH_DELAY,
+                shared::serve::logwriter::DEFAULT_MAX_BUFFERED,
             );
             (
                 Dispatch::new(log_subscriber(&flags, w)),
@@ -228,7 +228,7 @@ fn main() {
     println!(
         "{lines} JSON lines a run; {rounds} rounds; {} CPUs; logwriter holds {} bytes, appender {APPENDER_LINES} lines",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        shared::logwriter::DEFAULT_MAX_BUFFERED
+        shared::serve::logwriter::DEFAULT_MAX_BUFFERED
     );
     println!(
         "{:<6} {:<10} {:>2}  {:<19} {:>10} {:>10} {:>8} {:>8} {:>9}",

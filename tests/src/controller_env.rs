@@ -12,7 +12,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use shared::consts::LEADER_ELECTION_LEASE_NAME;
+use shared::api::consts::LEADER_ELECTION_LEASE_NAME;
 use shared::{MaintenancePhase, NodeMaintenance};
 
 use crate::deployment::{Launch, Pod};

@@ -144,7 +144,7 @@ pub async fn install_prereqs(client: &Client, rbac_files: &[&str]) -> anyhow::Re
 
 /// The bundle's RBAC for an install in nmo-system, as a document to apply.
 fn bundle_rbac_doc() -> anyhow::Result<(String, String)> {
-    let objects = crate::olm::bundle_rbac(shared::namespace::DEFAULT_NAMESPACE)?;
+    let objects = crate::olm::bundle_rbac(shared::kube::namespace::DEFAULT_NAMESPACE)?;
     Ok((
         format!(
             "the OLM bundle's RBAC ({RBAC_ENV}=bundle, {})",
@@ -429,7 +429,7 @@ pub async fn operator_namespace_copy(client: &Client, group: &str) -> anyhow::Re
             .get("metadata")
             .and_then(|m| m.get("namespace"))
             .and_then(|n| n.as_str())
-            == Some(shared::namespace::DEFAULT_NAMESPACE);
+            == Some(shared::kube::namespace::DEFAULT_NAMESPACE);
         if (kind == "Role" || kind == "RoleBinding") && in_operator_ns {
             if let Some(m) = v.get_mut("metadata").and_then(|m| m.as_mapping_mut()) {
                 m.insert("namespace".into(), ns.clone().into());

@@ -10,7 +10,7 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::json;
-use shared::consts::WEBHOOK_PATH;
+use shared::api::consts::WEBHOOK_PATH;
 
 use crate::deployment::Launch;
 use crate::fixtures::GROUP_KEY;

@@ -17,10 +17,10 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use shared::consts::ETCD_NAMESPACE;
-use shared::lean::{NodeMeta, forget_managed_fields};
-use shared::nodes::is_control_plane;
-use shared::probes::{Gate, Readiness};
+use shared::api::consts::ETCD_NAMESPACE;
+use shared::kube::partial::{NodeMeta, forget_managed_fields};
+use shared::rules::nodes::is_control_plane;
+use shared::serve::probes::{Gate, Readiness};
 use shared::{NodeMaintenance, NodeMaintenanceStatus};
 
 use crate::config::OpenShiftMode;
@@ -108,7 +108,7 @@ impl Caches {
             NODES,
             "get, list and watch on nodes",
             // Metadata-only requests, decoded to name and labels (the roles,
-            // all the rules read; shared::lean), 100 nodes per list page.
+            // all the rules read; shared::kube::partial), 100 nodes per list page.
             watcher(Api::<NodeMeta>::all(client.clone()), paged()),
             |_: &mut NodeMeta| {},
             readiness,
@@ -271,12 +271,12 @@ where
         let mut events = std::pin::pin!(reflector::reflector(
             writer,
             stream
-                .backoff(shared::watch::reconnect_backoff())
+                .backoff(shared::kube::watch::reconnect_backoff())
                 .modify(slim)
         ));
         while let Some(event) = events.next().await {
             if let Err(e) = event {
-                // The backoff keeps retrying (shared::watch); say what is wrong and how to fix it.
+                // The backoff keeps retrying (shared::kube::watch); say what is wrong and how to fix it.
                 tracing::warn!(
                     cache = name,
                     error = %e,

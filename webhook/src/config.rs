@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use shared::consts::{OLM_CERT_DIR, OLM_CERT_FILE, OLM_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE};
-use shared::goflags::GoBoolFlag as _;
-use shared::telemetry::{BindAddressError, RuntimeFlags, parse_bind_address};
+use shared::api::consts::{OLM_CERT_DIR, OLM_CERT_FILE, OLM_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE};
+use shared::serve::goflags::GoBoolFlag as _;
+use shared::serve::telemetry::{BindAddressError, RuntimeFlags, parse_bind_address};
 
 /// controller-runtime's default certificate directory, used when neither
 /// `--cert-dir` is given nor OLM's directory holds a certificate.
@@ -18,7 +18,7 @@ pub const CONTROLLER_RUNTIME_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-c
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "nmo-webhook",
-    version = shared::version::VERSION,
+    version = shared::api::version::VERSION,
     args_override_self = true,
     about = "Validating admission webhook for NodeMaintenance objects",
     long_about = "Validating admission webhook for NodeMaintenance objects \
@@ -156,7 +156,7 @@ pub enum ConfigError {
 }
 
 /// Where the serving certificate and key live.
-pub use shared::tls::CertPaths;
+pub use shared::serve::tls::CertPaths;
 
 /// Listen addresses after parsing (None = that endpoint is off).
 #[derive(Debug, Clone)]
@@ -206,7 +206,7 @@ impl Config {
 
 /// Durations of the flags, in Go's syntax ("10s", "250ms", "1h30m"); one
 /// parser for the whole project.
-pub use shared::duration::parse as parse_duration;
+pub use shared::rules::duration::parse as parse_duration;
 
 #[cfg(test)]
 mod tests {
@@ -215,7 +215,7 @@ mod tests {
     fn try_parse(args: &[&str]) -> Result<Config, clap::Error> {
         let mut full = vec!["nmo-webhook"];
         full.extend_from_slice(args);
-        Config::try_parse_from(shared::goflags::normalize(full))
+        Config::try_parse_from(shared::serve::goflags::normalize(full))
     }
 
     fn parse(args: &[&str]) -> Config {

@@ -1,5 +1,5 @@
 //! Turns the cached `openshift-etcd` PodDisruptionBudgets and pods into the
-//! inputs of `shared::quorum::allows_disruption`. Pure functions over objects,
+//! inputs of `shared::rules::quorum::allows_disruption`. Pure functions over objects,
 //! so the derivation is tested without a cluster.
 
 use std::collections::BTreeMap;
@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::{Selector, SelectorExt};
-use shared::quorum::{GuardPdb, GuardPodReadiness, readiness_from_condition};
+use shared::rules::quorum::{GuardPdb, GuardPodReadiness, readiness_from_condition};
 
 /// A PDB whose selector cannot be evaluated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -236,8 +236,11 @@ pub(crate) mod tests {
         let pdb = mk_pdb("etcd-guard-pdb", 0, None);
         let pods = [mk_pod("etcd-guard-cp-1", "guard", "cp-1", Some("True"))];
         let guard = guard_pod_readiness(&pdb, &pods, "cp-1").expect("ok");
-        let verdict = shared::quorum::allows_disruption(&guard_pdbs([&pdb]), guard);
-        assert_eq!(verdict, shared::quorum::QuorumVerdict::WouldViolateQuorum);
+        let verdict = shared::rules::quorum::allows_disruption(&guard_pdbs([&pdb]), guard);
+        assert_eq!(
+            verdict,
+            shared::rules::quorum::QuorumVerdict::WouldViolateQuorum
+        );
     }
 
     #[test]

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use shared::metrics_server::{self, MetricsServeError, MetricsServing};
-use shared::probes::{Readiness, ServeError, bind_and_serve, probe_router};
+use shared::serve::metrics_server::{self, MetricsServeError, MetricsServing};
+use shared::serve::probes::{Readiness, ServeError, bind_and_serve, probe_router};
 
 use crate::config::{Config, ConfigError};
 use crate::metrics::{Metrics, MetricsError};
@@ -57,7 +57,7 @@ pub enum Error {
     Signals(#[from] std::io::Error),
 }
 
-/// The API client (HTTP/2 when offered: `shared::kube_client`).
+/// The API client (HTTP/2 when offered: `shared::kube::client`).
 async fn kube_client(config: &Config) -> Result<Client, Error> {
     let cfg = match &config.kubeconfig {
         None => kube::Config::infer()
@@ -72,12 +72,12 @@ async fn kube_client(config: &Config) -> Result<Client, Error> {
                 .map_err(|e| Error::Kube(format!("loading --kubeconfig {}: {e}", path.display())))?
         }
     };
-    shared::kube_client::client(&cfg).map_err(|e| Error::Kube(e.to_string()))
+    shared::kube::client::client(&cfg).map_err(|e| Error::Kube(e.to_string()))
 }
 
 /// Names for a self-signed metrics certificate: the metrics Service's.
 fn metrics_server_names() -> Vec<String> {
-    let ns = shared::namespace::operator_namespace();
+    let ns = shared::kube::namespace::operator_namespace();
     vec![
         format!("nmo-webhook-metrics.{ns}.svc"),
         format!("nmo-webhook-metrics.{ns}.svc.cluster.local"),
@@ -87,14 +87,14 @@ fn metrics_server_names() -> Vec<String> {
 /// Run the webhook until SIGTERM/SIGINT; returns once in-flight reviews are done.
 pub async fn run(config: Config) -> Result<(), Error> {
     tracing::info!(
-        version = shared::version::VERSION,
-        namespace = %shared::namespace::operator_namespace(),
+        version = shared::api::version::VERSION,
+        namespace = %shared::kube::namespace::operator_namespace(),
         "nmo-webhook starting"
     );
     let listeners = config.listeners()?;
     let metrics = Metrics::new()?;
     let readiness = Readiness::default();
-    let signals = shared::shutdown::Signals::install()?;
+    let signals = shared::serve::shutdown::Signals::install()?;
 
     // Certificate first: unusable files stop the start with the path in the message.
     let cert_gate = readiness.gate("serving certificate");
@@ -203,7 +203,7 @@ fn serve_options(config: &Config) -> ServeOptions {
 /// fails at once, and the listener stays open for --shutdown-delay more.
 fn stop_accepting(
     readiness: &Readiness,
-    signals: &shared::shutdown::Signals,
+    signals: &shared::serve::shutdown::Signals,
     shutdown_delay: Duration,
 ) -> impl Future<Output = ()> + Send + 'static {
     let failing = readiness.fail_after(signals.requested());

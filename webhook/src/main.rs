@@ -6,9 +6,9 @@ use clap::Parser;
 use nmo_webhook::config::Config;
 
 fn main() -> ExitCode {
-    let config = Config::parse_from(shared::goflags::normalize(std::env::args_os()));
+    let config = Config::parse_from(shared::serve::goflags::normalize(std::env::args_os()));
     // Dropped at the end of main: flushes queued log lines before exit.
-    let _log = shared::telemetry::init_logging(&config.runtime.log);
+    let _log = shared::serve::telemetry::init_logging(&config.runtime.log);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if config.worker_threads > 0 {
         builder.worker_threads(config.worker_threads);

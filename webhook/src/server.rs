@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use rustls::ServerConfig;
-use shared::consts::WEBHOOK_PATH;
+use shared::api::consts::WEBHOOK_PATH;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -39,7 +39,7 @@ pub struct Limits {
 
 pub use crate::validate::Policy;
 
-pub use shared::https::ServeOptions;
+pub use shared::serve::https::ServeOptions;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -420,7 +420,7 @@ pub async fn serve(
     opts: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) {
-    shared::https::serve(
+    shared::serve::https::serve(
         "admission webhook (TLS)",
         listener,
         tls,

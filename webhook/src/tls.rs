@@ -1,8 +1,8 @@
-//! The admission port's serving certificate: [`shared::tls`] does the loading,
+//! The admission port's serving certificate: [`shared::serve::tls`] does the loading,
 //! serving and reloading (the secure metrics port uses the same code); the
 //! webhook counts its reloads and expiry in its own series.
 
-pub use shared::tls::{
+pub use shared::serve::tls::{
     CertMetrics, CertResolver, ReloadOutcome, TlsError, provider, server_config, watch_for_changes,
 };
 

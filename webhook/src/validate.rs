@@ -7,10 +7,10 @@
 //! be answered (a cache still filling) the request is denied with "please try
 //! again" and the cause, never guessed.
 
-use shared::consts::{
+use shared::api::consts::{
     GROUP, KIND, MSG_NODE_NAME_IMMUTABLE, msg_duplicate, msg_etcd_quorum, msg_node_not_found,
 };
-use shared::quorum::{GuardPdb, GuardPodReadiness, QuorumVerdict, allows_disruption};
+use shared::rules::quorum::{GuardPdb, GuardPodReadiness, QuorumVerdict, allows_disruption};
 use shared::{DrainTimeoutAction, NodeMaintenance};
 
 use crate::review::{Operation, ReviewRequest};
@@ -337,7 +337,7 @@ fn check_spec(
     if old.is_some_and(|o| o.spec.drain_timeout.as_deref() == Some(timeout)) {
         return None;
     }
-    let err = shared::duration::parse(timeout).err()?;
+    let err = shared::rules::duration::parse(timeout).err()?;
     Some(Decision::deny(
         Reason::InvalidSpec,
         format!("spec.drainTimeout: {err}"),

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
-use shared::consts::{OPENSHIFT_CONFIG_GROUP, OPENSHIFT_CONFIG_VERSION};
-use shared::ttl::TtlCache;
-use shared::{NodeMaintenance, slots};
+use shared::api::consts::{OPENSHIFT_CONFIG_GROUP, OPENSHIFT_CONFIG_VERSION};
+use shared::rules::ttl::TtlCache;
+use shared::{NodeMaintenance, rules::slots};
 use tokio::time::Instant as Deadline;
 
 use crate::cache::Cached;
@@ -145,7 +145,7 @@ impl WarningLookups {
     /// The pods of `node`, or the line saying they were not checked.
     async fn node_pods(&self, node: &str, deadline: Deadline) -> Result<Vec<PodFacts>, String> {
         let budget = self.settings.timeout;
-        let pods = shared::lean::list_node_pods(&self.client, node);
+        let pods = shared::kube::partial::list_node_pods(&self.client, node);
         match tokio::time::timeout_at(deadline, pods).await {
             Ok(Ok(pods)) => Ok(pods.iter().map(PodFacts::of).collect()),
             Ok(Err(e)) => Err(format!("pods of node {node} not checked: {e}")),
@@ -265,7 +265,7 @@ type VmiAnswer = (
 );
 
 /// The NodeMaintenances ahead of `nm` when it will wait for a slot, by
-/// the controller's rules (`shared::slots`); `max` 0 is no limit.
+/// the controller's rules (`shared::rules::slots`); `max` 0 is no limit.
 fn slot_ahead(
     maintenances: &Cached<NodeMaintenance>,
     nm: &NodeMaintenance,
@@ -336,7 +336,7 @@ mod tests {
     use crate::config::OpenShiftMode;
     use crate::metrics::Metrics;
     use crate::validate::Lookups;
-    use shared::probes::Readiness;
+    use shared::serve::probes::Readiness;
 
     /// An API server that never answers: the warnings still come back
     /// within --warnings-timeout, saying what was not checked.

@@ -18,7 +18,7 @@ use nmo_webhook::validate::{EtcdGuard, Lookups, NodeFacts, Unavailable};
 use nmo_webhook_client::{
     ReviewClient, connect_tls, create_review, parse_response, send_raw_then_reuse, tls_config,
 };
-use shared::consts::WEBHOOK_PATH;
+use shared::api::consts::WEBHOOK_PATH;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct FakeCluster;

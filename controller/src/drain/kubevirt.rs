@@ -4,7 +4,7 @@
 //! rather than a blocker, until the migration has run longer than
 //! `--migration-warning-after` (see [`Migrations`]).
 
-use shared::sync::LockExt;
+use shared::rules::sync::LockExt;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! unfinished DaemonSet pod on the node (metadata only), answers kept for a
 //! few seconds.
 
-use shared::sync::LockExt;
+use shared::rules::sync::LockExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -15,8 +15,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use shared::PodReference;
-use shared::lean::PodView;
-use shared::ttl::TtlCache;
+use shared::kube::partial::PodView;
+use shared::rules::ttl::TtlCache;
 
 use crate::classify::{classify, daemonset_to_look_up};
 
@@ -83,14 +83,14 @@ pub enum ListPodsError {
     },
 }
 
-/// List the pods of `node` (`shared::lean::list_node_pods`): 100 drains at
+/// List the pods of `node` (`shared::kube::partial::list_node_pods`): 100 drains at
 /// once hold their pods' names and owners, not their specs.
 pub(super) async fn list_node_pods(
     client: &Client,
     answers: &DaemonSetAnswers,
     node: &str,
 ) -> Result<NodePods, ListPodsError> {
-    let pods = shared::lean::list_node_pod_views(client, node)
+    let pods = shared::kube::partial::list_node_pod_views(client, node)
         .await
         .map_err(|source| ListPodsError::List {
             node: node.to_string(),

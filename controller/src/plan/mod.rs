@@ -8,14 +8,14 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use shared::consts::{
+use shared::api::consts::{
     DRAIN_REQUEUE_SECS, EVENT_FAILED_MAINTENANCE, EVENT_SUCCEED_MAINTENANCE, EventSpec,
     MAX_ALLOWED_ERROR_TO_UPDATE_OWNED_LEASE, msg_lease_failed, msg_lease_held_by_other,
     msg_node_missing,
 };
 use shared::{DrainTimeoutAction, MaintenancePhase, NodeMaintenanceStatus as Status, PodReference};
 
-use shared::slots::{self, SlotDecision};
+use shared::rules::slots::{self, SlotDecision};
 
 mod next;
 pub use next::{
@@ -344,7 +344,7 @@ pub fn timed_out(status: &Status, timeout: Duration, node: &str) -> Status {
         format!(
             "drain did not finish within {} (spec.drainTimeout): {} pods still on node {node}: {}; \
              the node was given back (set drainTimeoutAction: Force to delete them instead)",
-            shared::duration::format(timeout),
+            shared::rules::duration::format(timeout),
             pods.len(),
             names.join(", ")
         ),

@@ -9,9 +9,9 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use shared::slots::SlotDecision;
+use shared::rules::slots::SlotDecision;
 use shared::{DrainTimeoutAction, MaintenancePhase, NodeMaintenance, PodReference};
-use shared::{NodeMaintenanceStatus as Status, consts::FINALIZER};
+use shared::{NodeMaintenanceStatus as Status, api::consts::FINALIZER};
 
 use super::{
     Admission, Deadline, LeaseOutcome, Lifecycle, REQUEUE_PENDING, Round, admit, after_round,
@@ -253,7 +253,7 @@ pub fn owner_refs(nm: &NodeMaintenance, node: &Node) -> Option<Vec<OwnerReferenc
     let wanted = OwnerReference {
         controller: Some(false),
         block_owner_deletion: Some(false),
-        ..shared::nodes::owner_reference(node)
+        ..shared::rules::nodes::owner_reference(node)
     };
     let mut refs = nm.metadata.owner_references.clone().unwrap_or_default();
     if refs
@@ -287,7 +287,7 @@ pub fn drain_deadline(nm: &NodeMaintenance, allow_force: bool, now: Timestamp) -
 /// durations; anything else is logged and ignored, i.e. no deadline).
 pub fn drain_timeout(nm: &NodeMaintenance) -> Option<Duration> {
     let text = nm.spec.drain_timeout.as_deref()?;
-    match shared::duration::parse(text) {
+    match shared::rules::duration::parse(text) {
         Ok(d) => Some(d),
         Err(e) => {
             tracing::warn!(nodemaintenance = %nm.name_any(), error = %e, "spec.drainTimeout ignored");

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use shared::consts::{
+use shared::api::consts::{
     EVENT_BEGIN_MAINTENANCE, EVENT_REMOVED_MAINTENANCE, EVENT_UNCORDON_NODE, FINALIZER,
 };
 use shared::{DrainTimeoutAction, NodeMaintenance, PodReference};
@@ -141,7 +141,7 @@ async fn request_lease(ctx: &Ctx, nm: &NodeMaintenance, node: &Node) -> LeaseOut
     let lease = format!(
         "{}/{}",
         ctx.leases.namespace(),
-        shared::consts::lease_name(&node_name)
+        shared::api::consts::lease_name(&node_name)
     );
     let status = nm.status.clone().unwrap_or_default();
     match ctx.leases.request(node).await {

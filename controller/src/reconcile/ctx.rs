@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
-use shared::{NodeMaintenance, slots};
+use shared::{NodeMaintenance, rules::slots};
 use std::time::Duration;
 
 use super::Error;

@@ -47,7 +47,8 @@ type Requeue = Option<Duration>;
 pub const MAX_CONCURRENT_RECONCILES: u16 = 32;
 
 /// Upper bound of one reconcile (upstream bounds one drain attempt by 30 s).
-const RECONCILE_TIMEOUT: Duration = Duration::from_secs(shared::consts::DRAIN_ATTEMPT_TIMEOUT_SECS);
+const RECONCILE_TIMEOUT: Duration =
+    Duration::from_secs(shared::api::consts::DRAIN_ATTEMPT_TIMEOUT_SECS);
 
 /// DrainBlocked (Warning): the pods in the way changed (not on every retry).
 const EVENT_DRAIN_BLOCKED: &str = "DrainBlocked";

@@ -7,15 +7,15 @@
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use shared::consts::FINALIZER;
-use shared::{NodeMaintenance, slots};
+use shared::api::consts::FINALIZER;
+use shared::{NodeMaintenance, rules::slots};
 
 use super::{Ctx, Error};
 use crate::plan::{Lifecycle, NodeSeen, Observed};
 
 pub(super) async fn observe(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Observed, Error> {
     // A live read carries them; the copy is held for the whole pass.
-    shared::lean::forget_managed_fields(&mut nm.metadata);
+    shared::kube::partial::forget_managed_fields(&mut nm.metadata);
     let lifecycle = Observed::lifecycle_of(&nm);
     if lifecycle == Lifecycle::Cleanup {
         return Ok(match cleanup_due(&nm, ctx).await? {
@@ -71,7 +71,7 @@ async fn cleanup_due(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Option<NodeMaint
             if live.metadata.uid == nm.metadata.uid
                 && live.finalizers().iter().any(|f| f == FINALIZER) =>
         {
-            shared::lean::forget_managed_fields(&mut live.metadata);
+            shared::kube::partial::forget_managed_fields(&mut live.metadata);
             Some(live)
         }
         _ => None,

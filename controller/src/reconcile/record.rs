@@ -120,7 +120,7 @@ pub(super) async fn write_status(
             name,
             source,
         })?;
-    shared::lean::forget_managed_fields(&mut nm.metadata);
+    shared::kube::partial::forget_managed_fields(&mut nm.metadata);
     ctx.wrote(&nm.name_any(), based_on.as_deref(), nm);
     announce(ctx, nm, &old, &new).await;
     Ok(())
@@ -131,7 +131,7 @@ pub(super) async fn write_status(
 fn status_body(new: &NodeMaintenanceStatus) -> Value {
     let mut body = serde_json::to_value(new).unwrap_or_else(|_| json!({}));
     if let Value::Object(map) = &mut body {
-        for field in shared::crd::STATUS_FIELDS {
+        for field in shared::api::crd::STATUS_FIELDS {
             map.entry(field).or_insert(Value::Null);
         }
     }

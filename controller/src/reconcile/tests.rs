@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use shared::NodeMaintenance;
-use shared::consts::FINALIZER;
+use shared::api::consts::FINALIZER;
 
 use super::error::node_patch_error;
 use super::{Ctx, Error, error_policy, reconcile};

@@ -44,7 +44,7 @@ pub(super) async fn patch_metadata(
             name: name.clone(),
             source,
         })?;
-    shared::lean::forget_managed_fields(&mut written.metadata);
+    shared::kube::partial::forget_managed_fields(&mut written.metadata);
     ctx.wrote(&name, based_on.as_deref(), &written);
     Ok(written)
 }

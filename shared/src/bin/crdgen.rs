@@ -1,6 +1,6 @@
 //! Prints the NodeMaintenance CRD as YAML (`make crds` writes it to manifests/).
 fn main() {
-    match shared::crd::crd_yaml() {
+    match shared::api::crd::crd_yaml() {
         Ok(yaml) => print!("{yaml}"),
         Err(e) => {
             eprintln!("crdgen: could not render the NodeMaintenance CRD as YAML: {e}");

@@ -54,7 +54,7 @@ async fn server_reports_the_built_version_and_default_nodes_are_ready() {
         assert!(ready, "node {name} Ready");
         if name.starts_with("cp-") {
             assert!(
-                shared::nodes::is_control_plane(Some(n.labels())),
+                shared::rules::nodes::is_control_plane(Some(n.labels())),
                 "{name} is control plane"
             );
         }

@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 use nmo_tests::fixtures::GROUP_KEY;
 use nmo_tests::wait::{Poll, stays, until};
 use serde_json::json;
-use shared::consts::LEADER_ELECTION_LEASE_NAME;
+use shared::api::consts::LEADER_ELECTION_LEASE_NAME;
 use shared::{MaintenancePhase, NodeMaintenance};
 
 use nmo_tests::controller_env::{
@@ -385,7 +385,7 @@ async fn one_slot_second_waits_then_runs() {
 /// One slot, pairs created within the same second, the later one with the
 /// smaller name (it sorts first in the queue): never two admitted at once.
 /// The controller decides from its cache, which learns of the first
-/// admission only after its Running write; shared::slots::Admissions counts
+/// admission only after its Running write; shared::rules::slots::Admissions counts
 /// its own admissions meanwhile (the unit test
 /// an_admission_the_cache_does_not_show_yet_still_holds_its_slot shows the
 /// race deterministically; this one through the real API server).

@@ -16,7 +16,7 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use nmo_tests::deployment::Launch;
 use nmo_tests::wait::{Poll, until};
-use shared::consts::LEADER_ELECTION_LEASE_NAME;
+use shared::api::consts::LEADER_ELECTION_LEASE_NAME;
 
 const READY: Duration = Duration::from_secs(60);
 
@@ -52,7 +52,8 @@ async fn hold_leader_lease(client: &kube::Client) {
             let spec = cur.spec.unwrap_or_default();
             // Free as any candidate sees it: ours, nobody's, or expired (a
             // controller killed without releasing it, e.g. under a restart).
-            let expired = !shared::lease::is_valid(&spec, k8s_openapi::jiff::Timestamp::now());
+            let expired =
+                !shared::rules::lease::is_valid(&spec, k8s_openapi::jiff::Timestamp::now());
             let holder = spec.holder_identity.unwrap_or_default();
             assert!(
                 holder == "nmo-tests-deployments" || holder.is_empty() || expired,

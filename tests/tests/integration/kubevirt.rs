@@ -125,14 +125,17 @@ impl KubeVirtWebhook {
         let ca = certs::Ca::new("nmo-tests-kubevirt-ca", Duration::from_secs(3600)).expect("CA");
         certs::write_serving_set(&dir, &ca, &nmo_tests::webhook_pod::issue(&ca))
             .expect("serving certificate written");
-        let paths = shared::tls::CertPaths {
+        let paths = shared::serve::tls::CertPaths {
             cert: dir.join(certs::TLS_CRT),
             key: dir.join(certs::TLS_KEY),
             dir,
         };
-        let resolver = shared::tls::CertResolver::load(paths, shared::tls::CertMetrics::detached())
-            .expect("serving certificate loaded");
-        let tls = shared::tls::server_config(Arc::new(resolver), false).expect("TLS config");
+        let resolver = shared::serve::tls::CertResolver::load(
+            paths,
+            shared::serve::tls::CertMetrics::detached(),
+        )
+        .expect("serving certificate loaded");
+        let tls = shared::serve::tls::server_config(Arc::new(resolver), false).expect("TLS config");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a local port");
@@ -145,19 +148,20 @@ impl KubeVirtWebhook {
         };
         let handler = answers.clone();
         // shared's routers are axum's: every path but the probes gets the review.
-        let router =
-            shared::probes::probe_router(Default::default()).fallback(move |body: String| {
+        let router = shared::serve::probes::probe_router(Default::default()).fallback(
+            move |body: String| {
                 let handler = handler.clone();
                 async move { handler.review(body).await }
-            });
-        let opts = shared::https::ServeOptions {
+            },
+        );
+        let opts = shared::serve::https::ServeOptions {
             max_connections: 64,
             tls_handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             enable_http2: false,
             shutdown_timeout: Duration::from_secs(1),
         };
-        let server = tokio::spawn(shared::https::serve(
+        let server = tokio::spawn(shared::serve::https::serve(
             "KubeVirt-like pod eviction webhook (test)",
             listener,
             tls,

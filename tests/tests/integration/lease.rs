@@ -2,7 +2,7 @@
 //! common library (shared with Node Health Check and Self Node Remediation)
 //! writes it: creation, renewal, re-acquisition, takeover of an expired
 //! foreign lease, a lease naming no holder, and release. The rules themselves
-//! are unit-tested in shared/src/lease.rs; these tests prove the controller
+//! are unit-tested in shared/src/rules/lease.rs; these tests prove the controller
 //! writes what they decide (fields, owner references) and deletes what it
 //! should.
 //!

@@ -26,7 +26,7 @@ use nmo_tests::process::service_account_kubeconfig;
 use nmo_tests::wait::{Poll, until};
 use nmo_tests::webhook_pod::{issue, launch_pod, register_url, write_certs};
 use serde_json::json;
-use shared::consts::{
+use shared::api::consts::{
     EXCLUDE_FROM_REMEDIATION_LABEL, LEASE_NAMESPACE_DEFAULT, TAINT_DRAIN_KEY,
     TAINT_UNSCHEDULABLE_KEY, lease_name, msg_duplicate, msg_node_not_found,
 };

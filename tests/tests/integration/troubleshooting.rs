@@ -736,7 +736,7 @@ fn the_guides_own_links_resolve() {
 }
 
 /// Every condition reason the controller writes (controller/src/conditions.rs)
-/// and every event reason it records (shared/src/consts.rs, the `EVENT_*`
+/// and every event reason it records (shared/src/api/consts.rs, the `EVENT_*`
 /// constants of controller/src/reconcile/mod.rs) is named in the guide, in
 /// backticks: a new reason needs its section.
 #[test]
@@ -772,7 +772,7 @@ fn every_condition_and_event_reason_is_in_the_guide() {
     }
     // Cause::Progress names the absence of a problem: no condition carries it.
     reasons.remove("Progress");
-    for line in source("shared/src/consts.rs").lines() {
+    for line in source("shared/src/api/consts.rs").lines() {
         if line.trim().starts_with("reason:") {
             reasons.extend(quoted(line));
         }

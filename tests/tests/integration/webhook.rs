@@ -27,7 +27,7 @@ use nmo_webhook_client::{
     tls_config,
 };
 use serde_json::json;
-use shared::consts::WEBHOOK_PATH;
+use shared::api::consts::WEBHOOK_PATH;
 use shared::{NodeMaintenance, NodeMaintenanceSpec};
 
 const SHORT: Duration = Duration::from_secs(20);

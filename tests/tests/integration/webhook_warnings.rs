@@ -20,7 +20,7 @@ use nmo_tests::webhook_pod::{TestWebhook, create_with_warnings, test_nm};
 use nmo_webhook::warnings::slot_line;
 use serde_json::json;
 use shared::NodeMaintenance;
-use shared::slots;
+use shared::rules::slots;
 
 const SHORT: Duration = Duration::from_secs(30);
 const VMI_CRD: &str = "virtualmachineinstances.kubevirt.io";
@@ -331,7 +331,7 @@ async fn a_taken_slot_says_what_the_new_maintenance_waits_for() {
 
     let second = test_nm(&format!("{}-second", bed.group), &second_node);
     // Every NodeMaintenance of the cluster counts, other tests' too: the
-    // expected line is the slot rules (shared::slots) over what the API
+    // expected line is the slot rules (shared::rules::slots) over what the API
     // server holds now; polled, since other tests change it meanwhile.
     let nms: Api<NodeMaintenance> = Api::all(client.clone());
     let expected = || async {

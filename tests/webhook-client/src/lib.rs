@@ -50,7 +50,7 @@ pub fn tls_config(ca_pem: &[u8]) -> Result<Arc<ClientConfig>, ClientError> {
             .add(cert)
             .map_err(|e| ClientError::Ca(e.to_string()))?;
     }
-    let cfg = ClientConfig::builder_with_provider(shared::tls::provider())
+    let cfg = ClientConfig::builder_with_provider(shared::serve::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| ClientError::Ca(e.to_string()))?
         .with_root_certificates(roots)

@@ -226,7 +226,7 @@ async fn a_lease_held_by_another_operator_is_waited_for() {
     let st = api.status();
     assert_eq!(
         st["lastError"],
-        shared::consts::msg_lease_held_by_other("NodeHealthCheck")
+        shared::api::consts::msg_lease_held_by_other("NodeHealthCheck")
     );
     assert_eq!(
         st["errorOnLeaseCount"],

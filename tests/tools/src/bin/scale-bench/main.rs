@@ -30,7 +30,7 @@ use nmo_tests::scrape::{self, MetricsReader};
 use nmo_tests::wait::{Poll, until};
 use scale::{Census, NAMESPACE, PODS_PER_NODE, POOL, POOL_LABEL};
 use serde_json::json;
-use shared::consts::{
+use shared::api::consts::{
     EXCLUDE_FROM_REMEDIATION_LABEL, LEASE_NAMESPACE_DEFAULT as LEASE_NAMESPACE, TAINT_DRAIN_KEY,
     TAINT_UNSCHEDULABLE_KEY,
 };
@@ -68,7 +68,7 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> anyhow::Result<T> {
 
 fn env_duration(key: &str, default: &str) -> anyhow::Result<Duration> {
     let v = std::env::var(key).unwrap_or_else(|_| default.to_string());
-    shared::duration::parse(&v).map_err(|e| anyhow::anyhow!("{key}={v:?}: {e}"))
+    shared::rules::duration::parse(&v).map_err(|e| anyhow::anyhow!("{key}={v:?}: {e}"))
 }
 
 impl Settings {
@@ -513,7 +513,7 @@ async fn run() -> anyhow::Result<()> {
     if !cfg.soak.is_zero() {
         println!(
             "== soak: {} of pod, node label and PodDisruptionBudget churn",
-            shared::duration::format(cfg.soak)
+            shared::rules::duration::format(cfg.soak)
         );
         let (c0, w0) = settle(&svc).await?;
         svc.new_peaks();

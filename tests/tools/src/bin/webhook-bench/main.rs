@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use nmo_webhook_client::{ReviewClient, create_review, parse_response, tls_config};
-use shared::consts::WEBHOOK_PATH;
-use shared::duration::parse as parse_duration;
+use shared::api::consts::WEBHOOK_PATH;
+use shared::rules::duration::parse as parse_duration;
 
 mod raw;
 

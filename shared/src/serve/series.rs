@@ -95,7 +95,7 @@ fn no_labels(labels: &[&str]) -> Result<(), Error> {
     }
 }
 
-/// Declares a struct of series; see [the module](crate::series).
+/// Declares a struct of series; see [the module](crate::serve::series).
 #[macro_export]
 macro_rules! series {
     (@buckets) => { &[] };
@@ -120,12 +120,12 @@ macro_rules! series {
 
         impl $name {
             /// Every series, with its zero-valued label sets in place.
-            fn build($($arg: $argty),*) -> ::std::result::Result<Self, $crate::series::Error> {
+            fn build($($arg: $argty),*) -> ::std::result::Result<Self, $crate::serve::series::Error> {
                 let s = $name {
                     $(
                         $field: {
                             let buckets: &[f64] = $crate::series!(@buckets $($buckets)?);
-                            <$kind as $crate::series::Family>::family(
+                            <$kind as $crate::serve::series::Family>::family(
                                 $metric, $help, &[$($label),*], buckets,
                             )?
                         },
@@ -137,7 +137,7 @@ macro_rules! series {
 
             /// The collectors, in declaration order.
             #[allow(dead_code)]
-            fn collectors(&self) -> ::std::vec::Vec<&dyn $crate::series::Collector> {
+            fn collectors(&self) -> ::std::vec::Vec<&dyn $crate::serve::series::Collector> {
                 ::std::vec![$(&self.$field),*]
             }
 
@@ -145,8 +145,8 @@ macro_rules! series {
             #[allow(dead_code)]
             fn register(
                 &self,
-                registry: &$crate::series::Registry,
-            ) -> ::std::result::Result<(), $crate::series::Error> {
+                registry: &$crate::serve::series::Registry,
+            ) -> ::std::result::Result<(), $crate::serve::series::Error> {
                 $( registry.register(::std::boxed::Box::new(self.$field.clone()))?; )*
                 Ok(())
             }

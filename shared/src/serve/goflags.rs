@@ -66,7 +66,7 @@ fn is_single_dash_long(s: &str) -> bool {
 /// A boolean flag in Go's syntax, declared in one attribute:
 ///
 /// ```ignore
-/// use shared::goflags::GoBoolFlag as _;
+/// use shared::serve::goflags::GoBoolFlag as _;
 ///
 /// #[arg(long, env = "LEADER_ELECT", go_bool_default = false)]
 /// pub leader_elect: bool,

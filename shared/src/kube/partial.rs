@@ -51,7 +51,7 @@ pub fn forget_managed_fields(meta: &mut ObjectMeta) {
     meta.managed_fields = None;
 }
 
-/// Deserialize `metadata` keeping only [`LeanMeta`]'s fields.
+/// Deserialize `metadata` keeping only the fields of `LeanMeta`.
 pub fn meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     let m = LeanMeta::deserialize(d)?;
     Ok(ObjectMeta {
@@ -104,7 +104,7 @@ fn kept_annotations<'de, D: Deserializer<'de>>(
     d.deserialize_option(Kept)
 }
 
-/// Implements [`kube::Resource`] for a lean type of a built-in kind.
+/// Implements [`kube::Resource`] for a partial type of a built-in kind.
 macro_rules! lean_resource {
     ($ty:ty, $scope:ty, $group:literal, $version:literal, $kind:literal, $plural:literal, metadata_only: $meta_only:literal) => {
         impl kube::Resource for $ty {

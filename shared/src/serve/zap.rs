@@ -18,7 +18,7 @@ use tracing::Level;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::FormatTime;
 
-use crate::goflags::GoBoolFlag as _;
+use crate::serve::goflags::GoBoolFlag as _;
 
 /// The logging flags, as controller-runtime's `zap.Options.BindFlags` defines them.
 #[derive(Args, Debug, Clone, Default)]
@@ -222,7 +222,7 @@ mod tests {
     fn settings(args: &[&str]) -> LogSettings {
         let mut full = vec!["prog"];
         full.extend_from_slice(args);
-        Cli::try_parse_from(crate::goflags::normalize(full))
+        Cli::try_parse_from(crate::serve::goflags::normalize(full))
             .expect("flags parse")
             .log
             .settings()

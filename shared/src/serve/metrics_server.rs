@@ -1,6 +1,6 @@
 //! The `/metrics` listener of both binaries, served as controller-runtime
 //! serves it: by default over HTTPS with each request's bearer token checked
-//! by a TokenReview and a SubjectAccessReview ([`crate::metrics_auth`]);
+//! by a TokenReview and a SubjectAccessReview ([`crate::serve::metrics_auth`]);
 //! with `--metrics-secure=false` as plain HTTP to anyone.
 //!
 //! The certificate comes from `--metrics-cert-dir` (reloaded on rotation like
@@ -16,11 +16,11 @@ use axum::middleware;
 use kube::Client;
 use prometheus::Registry;
 
-use crate::https::ServeOptions;
-use crate::metrics_auth::{Authorizer, CacheTtls, KubeReviews, require_authorization};
-use crate::probes::{ServeError, bind_and_serve, metrics_router};
-use crate::telemetry::{BindAddressError, RuntimeFlags, parse_bind_address};
-use crate::tls::{
+use crate::serve::https::ServeOptions;
+use crate::serve::metrics_auth::{Authorizer, CacheTtls, KubeReviews, require_authorization};
+use crate::serve::probes::{ServeError, bind_and_serve, metrics_router};
+use crate::serve::telemetry::{BindAddressError, RuntimeFlags, parse_bind_address};
+use crate::serve::tls::{
     CertMetrics, CertPaths, CertResolver, TlsError, server_config, watch_for_changes,
 };
 
@@ -134,7 +134,7 @@ pub async fn serve(
             CERT_REREAD_INTERVAL,
             std::future::pending(),
         ));
-        crate::https::serve("metrics", listener, tls, router, opts, shutdown).await;
+        crate::serve::https::serve("metrics", listener, tls, router, opts, shutdown).await;
         watch.abort();
     }))
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use crate::consts::{ROLE_CONTROL_PLANE_LABEL, ROLE_MASTER_LABEL};
+use crate::api::consts::{ROLE_CONTROL_PLANE_LABEL, ROLE_MASTER_LABEL};
 
 /// An owner reference to `node` (apiVersion v1, kind Node, name, uid), so
 /// deleting the Node garbage-collects the owned object. The node lease

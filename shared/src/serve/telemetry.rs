@@ -2,7 +2,7 @@
 //!
 //! Flag names and defaults follow upstream's controller-runtime binaries so
 //! existing Deployments, runbooks and dashboards keep working. They use Go's
-//! flag syntax (see [`crate::goflags`]).
+//! flag syntax (see [`crate::serve::goflags`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,9 +13,9 @@ use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-use crate::goflags::GoBoolFlag as _;
-pub use crate::zap::LogFlags;
-use crate::zap::{Encoder, ZapTime};
+use crate::serve::goflags::GoBoolFlag as _;
+pub use crate::serve::zap::LogFlags;
+use crate::serve::zap::{Encoder, ZapTime};
 
 /// Flags both the controller and the webhook accept.
 #[derive(Args, Debug, Clone)]
@@ -71,20 +71,20 @@ pub struct RuntimeFlags {
 
 /// Keeps the log writer thread alive; dropping it (or `finish`) writes every
 /// line still buffered. Hold it in `main` until the process is about to exit.
-pub use crate::logwriter::WriterGuard as LogGuard;
+pub use crate::serve::logwriter::WriterGuard as LogGuard;
 
 /// Install the global log subscriber the flags describe. Our crates log at the
 /// chosen level; dependencies (hyper, rustls, kube internals) one step quieter
 /// unless debugging. `RUST_LOG`, when set, overrides the levels.
 ///
 /// Lines are formatted where they are logged and written to stderr in batches
-/// by a writer thread (see [`crate::logwriter`]): a request path does not wait
+/// by a writer thread (see [`crate::serve::logwriter`]): a request path does not wait
 /// on log I/O, and nothing is dropped.
 pub fn init_logging(flags: &LogFlags) -> LogGuard {
-    let (writer, guard) = crate::logwriter::batched(
+    let (writer, guard) = crate::serve::logwriter::batched(
         std::io::stderr(),
-        crate::logwriter::DEFAULT_BATCH_DELAY,
-        crate::logwriter::DEFAULT_MAX_BUFFERED,
+        crate::serve::logwriter::DEFAULT_BATCH_DELAY,
+        crate::serve::logwriter::DEFAULT_MAX_BUFFERED,
     );
     // A second call (tests) keeps the first subscriber; this writer then
     // simply goes unused.
@@ -151,7 +151,7 @@ pub struct BindAddressError {
 }
 
 /// Parse a Go-style bind address: ":8080" binds all interfaces, "0" disables
-/// the listener (None), "127.0.0.1:9000" and "[::1]:9000" as usual.
+/// the listener (None), "127.0.0.1:9000" and `[::1]:9000` as usual.
 pub fn parse_bind_address(
     flag: &'static str,
     value: &str,

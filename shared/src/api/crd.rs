@@ -48,7 +48,7 @@ pub struct NodeMaintenanceSpec {
     /// duration ("30m", "1h30m"), counted from the node's cordon. Absent:
     /// wait forever, as upstream. What happens then: `drainTimeoutAction`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(pattern(crate::duration::GO_DURATION_PATTERN))]
+    #[schemars(pattern(crate::rules::duration::GO_DURATION_PATTERN))]
     pub drain_timeout: Option<String>,
     /// Beyond upstream: `Fail` (default: phase Failed, the node given back)
     /// or `Force` (the pods still on the node are deleted without eviction,

@@ -26,7 +26,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::PostParams;
 use kube::{Api, Client};
 
-use crate::ttl::TtlCache;
+use crate::rules::ttl::TtlCache;
 
 /// The user a token belongs to, as the TokenReview reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

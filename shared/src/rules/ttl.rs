@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use shared::ttl::TtlCache;
+//! use shared::rules::ttl::TtlCache;
 //!
 //! let mut answers: TtlCache<String, bool> = TtlCache::new(1024);
 //! let t0 = Instant::now();

@@ -10,7 +10,7 @@
 //! webhook tells at admission time what a new NodeMaintenance will wait for
 //! ([`ahead`]), from the same rules.
 
-use crate::sync::LockExt;
+use crate::rules::sync::LockExt;
 use crate::{MaintenancePhase, NodeMaintenance};
 use kube::ResourceExt;
 

@@ -1,0 +1,15 @@
+//! What both binaries serve and start the same way: TLS with reloads,
+//! HTTPS, probes, secure metrics (serving, token and access reviews, series
+//! declared as tables), telemetry and logs, Go flag syntax, shutdown.
+
+pub mod goflags;
+pub mod https;
+pub mod logwriter;
+pub mod metrics_auth;
+pub mod metrics_server;
+pub mod probes;
+pub mod series;
+pub mod shutdown;
+pub mod telemetry;
+pub mod tls;
+pub mod zap;
