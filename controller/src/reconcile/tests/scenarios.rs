@@ -81,14 +81,20 @@ async fn new_running_drained_succeeded() {
     pods(&api, false);
     let ctx = fake_ctx(&api).await;
     new_nm(&api);
+    the_finalizer_comes_first(&api, &ctx).await;
+    first_sight_writes_the_starting_point(&api, &ctx).await;
+    the_first_round_evicts_after_lease_and_cordon(&api, &ctx).await;
+    an_empty_list_is_success(&api, &ctx).await;
+}
 
-    // Pass 1: the finalizer, and BeginMaintenance.
+/// Pass 1: the finalizer, and BeginMaintenance.
+async fn the_finalizer_comes_first(api: &FakeApi, ctx: &Arc<Ctx>) {
     assert_eq!(
-        pass(&api, &ctx).await.expect("pass 1"),
+        pass(api, ctx).await.expect("pass 1"),
         Action::await_change()
     );
     assert_eq!(
-        calls(&api),
+        calls(api),
         [
             format!("PATCH {NM_PATH}"),
             "POST /api/v1/namespaces/default/events".into()
@@ -96,15 +102,17 @@ async fn new_running_drained_succeeded() {
     );
     assert_eq!(api.events(), [("Normal".into(), "BeginMaintenance".into())]);
     assert!(api.nm().metadata.finalizers.is_some_and(|f| f.len() == 1));
+}
 
-    // Pass 2 (first sight): slot, node, owner reference, pods listed, the
-    // starting point written before anything moves.
+/// Pass 2 (first sight): slot, node, owner reference, pods listed, the
+/// starting point written before anything moves.
+async fn first_sight_writes_the_starting_point(api: &FakeApi, ctx: &Arc<Ctx>) {
     assert_eq!(
-        pass(&api, &ctx).await.expect("pass 2"),
+        pass(api, ctx).await.expect("pass 2"),
         Action::requeue(Duration::ZERO)
     );
     assert_eq!(
-        calls(&api),
+        calls(api),
         [
             format!("GET {NODE_PATH}"),
             format!("PATCH {NM_PATH}"),
@@ -121,14 +129,16 @@ async fn new_running_drained_succeeded() {
         ),
         (json!("Running"), json!(2), json!(2))
     );
-    assert!(!node_unschedulable(&api), "nothing moved on first sight");
+    assert!(!node_unschedulable(api), "nothing moved on first sight");
+}
 
-    // Pass 3: lease, node into maintenance, the round's list and evictions,
-    // one status write.
-    let action = pass(&api, &ctx).await.expect("pass 3");
+/// Pass 3: lease, node into maintenance, the round's list and evictions,
+/// one status write.
+async fn the_first_round_evicts_after_lease_and_cordon(api: &FakeApi, ctx: &Arc<Ctx>) {
+    let action = pass(api, ctx).await.expect("pass 3");
     assert_eq!(action, Action::requeue(crate::plan::REQUEUE_TERMINATING));
     assert_eq!(
-        calls(&api),
+        calls(api),
         [
             format!("GET {LEASE_PATH}"),
             "POST /apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases".into(),
@@ -139,15 +149,17 @@ async fn new_running_drained_succeeded() {
             format!("PATCH {NM_PATH}/status"),
         ]
     );
-    assert!(node_unschedulable(&api));
+    assert!(node_unschedulable(api));
     assert_eq!(
         api.status()["pendingPods"],
         json!(["web-a", "web-b"]),
         "evicted pods are pending until a list no longer has them"
     );
+}
 
-    // Pass 4: the list is empty: Succeeded, SucceedMaintenance.
-    let action = pass(&api, &ctx).await.expect("pass 4");
+/// Pass 4: the list is empty: Succeeded, SucceedMaintenance.
+async fn an_empty_list_is_success(api: &FakeApi, ctx: &Arc<Ctx>) {
+    let action = pass(api, ctx).await.expect("pass 4");
     assert_eq!(action, Action::requeue(crate::plan::REQUEUE_HOLD));
     let st = api.status();
     assert_eq!(
