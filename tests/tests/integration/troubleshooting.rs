@@ -766,7 +766,10 @@ fn every_condition_and_event_reason_is_in_the_guide() {
     let conditions = source("controller/src/conditions.rs");
     for line in conditions.lines() {
         let l = line.trim();
-        if l.starts_with("Cause::") || l.starts_with("push(") || l.starts_with('"') {
+        // `Cause::X => "X"`, `push(.., "Reason", ..)`, a reason on a line of
+        // its own, or a row `(TYPE, on, reason, "OffReason")` of a table.
+        let row = l.starts_with('(') && l.ends_with("),");
+        if l.starts_with("Cause::") || l.starts_with("push(") || l.starts_with('"') || row {
             reasons.extend(quoted(l));
         }
     }
