@@ -217,8 +217,9 @@ fn next_apply(seen: &Observed, allow_force: bool) -> Plan {
     }
     // The optional drain deadline (beyond upstream), counted from the
     // cordon, judged before anything touches the node.
-    let deadline = drain_deadline(&seen.nm, allow_force, seen.now);
-    match (deadline, drain_timeout(&seen.nm)) {
+    let timeout = drain_timeout(&seen.nm);
+    let deadline = drain_deadline(&seen.nm, timeout, allow_force, seen.now);
+    match (deadline, timeout) {
         (Deadline::Passed(DrainTimeoutAction::Fail), Some(t)) => {
             let mut st = timed_out(&status, t, &seen.nm.spec.node_name);
             if seen.nm.spec.drain_timeout_action == Some(DrainTimeoutAction::Force) {
@@ -269,8 +270,14 @@ pub fn owner_refs(nm: &NodeMaintenance, node: &Node) -> Option<Vec<OwnerReferenc
 
 /// Where a Running maintenance stands against its `spec.drainTimeout`
 /// (counted from the Cordoned condition); anything else is unbounded.
-/// `allow_force`: `--allow-force-drain`; without it Force acts as Fail.
-pub fn drain_deadline(nm: &NodeMaintenance, allow_force: bool, now: Timestamp) -> Deadline {
+/// `timeout`: its [`drain_timeout`]; `allow_force`: `--allow-force-drain`;
+/// without it Force acts as Fail.
+pub fn drain_deadline(
+    nm: &NodeMaintenance,
+    timeout: Option<Duration>,
+    allow_force: bool,
+    now: Timestamp,
+) -> Deadline {
     let st = nm.status.clone().unwrap_or_default();
     if st.phase != Some(MaintenancePhase::Running) {
         return Deadline::Unbounded;
@@ -280,7 +287,7 @@ pub fn drain_deadline(nm: &NodeMaintenance, allow_force: bool, now: Timestamp) -
         action => action,
     };
     let since = conditions::true_since(&st.conditions, conditions::CORDONED).map(|t| t.0);
-    deadline(drain_timeout(nm), action, since, now)
+    deadline(timeout, action, since, now)
 }
 
 /// `spec.drainTimeout`, if set and valid (the CRD's pattern admits only Go

@@ -138,27 +138,30 @@ async fn maintain(
 /// stands in the way.
 async fn request_lease(ctx: &Ctx, nm: &NodeMaintenance, node: &Node) -> LeaseOutcome {
     let node_name = node.name_any();
-    let lease = format!(
-        "{}/{}",
-        ctx.leases.namespace(),
-        shared::api::consts::lease_name(&node_name)
-    );
+    // Named in the log only when something stands in the way.
+    let lease = || {
+        format!(
+            "{}/{}",
+            ctx.leases.namespace(),
+            shared::api::consts::lease_name(&node_name)
+        )
+    };
     let status = nm.status.clone().unwrap_or_default();
     match ctx.leases.request(node).await {
         Ok(()) => LeaseOutcome::Held,
         Err(LeaseError::HeldByOther(holder)) => {
             // Counted (a warning) once draining started; before, only waited for.
             if status.drain_progress > 0 {
-                tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, %lease, %holder,
+                tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, lease = %lease(), %holder,
                     "lease held by another operator after draining started: counted, retried");
             } else {
-                tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, %lease, %holder,
+                tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, lease = %lease(), %holder,
                     "lease held by another operator: waiting for it");
             }
             LeaseOutcome::HeldByOther(holder)
         }
         Err(e) => {
-            tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, %lease, error = %e,
+            tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, lease = %lease(), error = %e,
                 attempts = status.error_on_lease_count.saturating_add(1), "lease error: counted, retried");
             LeaseOutcome::Failed(e.to_string())
         }
