@@ -54,7 +54,7 @@ undeploy-local: ## Stop the locally running webhook and controller
 demo: setup ## Local cluster + both services + a guided node maintenance
 	bash tests/deploy/demo.sh
 
-bench: setup ## Performance figures: webhook reviews/s and latency, controller drain time and resume after a PDB is deleted, log writers, then bench-scale
+bench: setup ## Performance figures: webhook reviews/s, latency and memory (allowed and denied creates), controller drain time and resume after a PDB is deleted, log writers, then bench-scale
 	bash tests/bench.sh
 	@echo "== log writers: ours against tracing-appender (shared/examples/log_writers.rs)"
 	cargo run --release -q -p nmo-shared --example log_writers -- 200000 3
