@@ -588,6 +588,21 @@ mod tests {
         )
     }
 
+    fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
+    }
+
+    /// A pod's metadata in namespace `ns`, terminating or not.
+    fn pod(ns: &str, name: &str, terminating: bool) -> PodMeta {
+        let mut p = PodMeta::default();
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.name = Some(name.into());
+        if terminating {
+            p.metadata.deletion_timestamp = Some(now());
+        }
+        p
+    }
+
     fn names(v: Vec<Arc<NodeMaintenance>>) -> Vec<String> {
         v.iter().map(|nm| nm.name_any()).collect()
     }
@@ -595,10 +610,7 @@ mod tests {
     #[test]
     fn events_map_to_the_draining_maintenances_they_concern() {
         let mut deleting = (*nm("d", "w4", "Running", &[("shop", "x")])).clone();
-        deleting.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::now(),
-            ));
+        deleting.metadata.deletion_timestamp = Some(now());
         let nms = vec![
             nm("a", "w1", "Running", &[("shop", "web-1"), ("db", "pg-0")]),
             nm("b", "w2", "Running", &[("db", "pg-1")]),
@@ -609,18 +621,6 @@ mod tests {
         assert_eq!(names(waiting_in_namespace(&nms, "db")), ["a", "b"]);
         assert!(waiting_in_namespace(&nms, "other").is_empty());
         let gone = |ns: &str, n: &str| (ns.to_string(), n.to_string());
-        let pod = |ns: &str, n: &str, terminating: bool| -> PodMeta {
-            let mut p = PodMeta::default();
-            p.metadata.namespace = Some(ns.into());
-            p.metadata.name = Some(n.into());
-            if terminating {
-                p.metadata.deletion_timestamp =
-                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        k8s_openapi::jiff::Timestamp::now(),
-                    ));
-            }
-            p
-        };
         // a waits for web-1 and pg-0 on w1, both evicted (terminating).
         let mut w1 = Departures::default();
         w1.seen(&pod("shop", "web-1", true));

@@ -621,27 +621,13 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn every_upstream_series_is_exposed_after_one_reconcile() {
-        let m = Metrics::new().expect("metrics");
-        m.set_max_concurrent_reconciles(1);
-        m.leader("135b1886.medik8s.io", true);
-        m.queue.added("a", Duration::ZERO);
-        let t = m.reconcile_started("a");
-        t.finish(ReconcileResult::RequeueAfter(Duration::from_secs(3600)));
-        let t = m.reconcile_started("b");
-        t.finish(ReconcileResult::Success);
-        let t = m.reconcile_started("c");
-        t.finish(ReconcileResult::TerminalError);
-        one_request(&m, 200).await;
-        one_request(&m, 0).await;
-        m.observe("a", "node-1", &MaintenancePhase::Running, 40, 3);
-        let text = render(&m);
-
+    /// What one reconcile of each result (and the calls before it in
+    /// every_upstream_series_is_exposed_after_one_reconcile) must expose:
+    /// (series, Some(value) or None when only presence matters).
+    fn upstream_series() -> Vec<(String, Option<f64>)> {
         let c = r#"controller="nodemaintenance""#;
         let nc = r#"controller="nodemaintenance",name="nodemaintenance""#;
-        // (series, Some(expected value) or None when only presence matters)
-        let expect: Vec<(String, Option<f64>)> = vec![
+        vec![
             (
                 format!(r#"controller_runtime_reconcile_total{{{c},result="success"}}"#),
                 Some(1.0),
@@ -740,8 +726,27 @@ mod tests {
                 r#"nmo_nodemaintenance_pending_pods{name="a",node="node-1"}"#.into(),
                 Some(3.0),
             ),
-        ];
-        for (series, want) in expect {
+        ]
+    }
+
+    #[tokio::test]
+    async fn every_upstream_series_is_exposed_after_one_reconcile() {
+        let m = Metrics::new().expect("metrics");
+        m.set_max_concurrent_reconciles(1);
+        m.leader("135b1886.medik8s.io", true);
+        m.queue.added("a", Duration::ZERO);
+        let t = m.reconcile_started("a");
+        t.finish(ReconcileResult::RequeueAfter(Duration::from_secs(3600)));
+        let t = m.reconcile_started("b");
+        t.finish(ReconcileResult::Success);
+        let t = m.reconcile_started("c");
+        t.finish(ReconcileResult::TerminalError);
+        one_request(&m, 200).await;
+        one_request(&m, 0).await;
+        m.observe("a", "node-1", &MaintenancePhase::Running, 40, 3);
+        let text = render(&m);
+
+        for (series, want) in upstream_series() {
             let got = value(&text, &series);
             assert!(got.is_some(), "{series} exposed:\n{text}");
             if let Some(want) = want {
