@@ -168,14 +168,12 @@ fn controller(
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(move |r| {
-            let ctx = ctx.clone();
-            async move {
-                // Gone (deleted before its turn, or its finalizer removed by
-                // someone else): no longer queued, nothing kept for it.
-                if let Err(controller::Error::ObjectNotFound(o)) = r {
-                    ctx.metrics.queue.forget(&o.name);
-                    ctx.forget_maintenance(&o.name);
-                }
+            // Gone (deleted before its turn, or its finalizer removed by
+            // someone else): no longer queued, nothing kept for it.
+            if let Err(controller::Error::ObjectNotFound(o)) = r {
+                ctx.metrics.queue.forget(&o.name);
+                ctx.forget_maintenance(&o.name);
             }
+            std::future::ready(())
         })
 }

@@ -79,8 +79,9 @@ pub struct Observed {
     pub nm: NodeMaintenance,
     /// A cleanup no longer due (the live object says it finished) is `Done`.
     pub lifecycle: Lifecycle,
-    /// The slot decision, for a maintenance being carried on.
-    pub slot: Option<SlotDecision>,
+    /// Its admission (from its slot decision) when it is being carried on;
+    /// `Final` otherwise.
+    pub admission: Admission,
     pub node: NodeSeen,
     pub now: Timestamp,
 }
@@ -101,21 +102,20 @@ impl Observed {
     pub fn needs_node(&self) -> bool {
         match self.lifecycle {
             Lifecycle::Cleanup => touched_node(self.nm.phase()),
-            Lifecycle::Apply => matches!(self.admission(), Admission::Proceed { .. }),
+            Lifecycle::Apply => matches!(self.admission, Admission::Proceed { .. }),
             _ => false,
         }
     }
 
-    fn admission(&self) -> Admission {
-        match &self.slot {
-            Some(slot) => admit(
-                &self.status(),
-                slot,
-                &self.nm.name_any(),
-                &self.nm.spec.node_name,
-            ),
-            None => Admission::Final,
-        }
+    /// `self` with the admission its `slot` decision gives.
+    pub fn admitted(self, slot: &SlotDecision) -> Observed {
+        let admission = admit(
+            &self.status(),
+            slot,
+            &self.nm.name_any(),
+            &self.nm.spec.node_name,
+        );
+        Observed { admission, ..self }
     }
 }
 
@@ -178,20 +178,20 @@ fn write(status: Status, why: Why, requeue: Option<Duration>) -> Record {
 
 fn next_apply(seen: &Observed, allow_force: bool) -> Plan {
     let status = seen.status();
-    let first_sight = match seen.admission() {
+    let first_sight = match &seen.admission {
         Admission::Final => return Plan::Nothing,
         Admission::Fail(st) => {
             return Plan::Write(write(
-                st,
+                st.clone(),
                 Why::new(Cause::DuplicateMaintenance, false),
                 None,
             ));
         }
         Admission::Wait(st) => {
             let why = Why::new(Cause::WaitingForSlot, false);
-            return Plan::Write(write(st, why, Some(REQUEUE_PENDING)));
+            return Plan::Write(write(st.clone(), why, Some(REQUEUE_PENDING)));
         }
-        Admission::Proceed { first_sight } => first_sight,
+        Admission::Proceed { first_sight } => *first_sight,
     };
     let node = match &seen.node {
         NodeSeen::Present(node) => node,
@@ -278,10 +278,13 @@ pub fn drain_deadline(
     allow_force: bool,
     now: Timestamp,
 ) -> Deadline {
-    let st = nm.status.clone().unwrap_or_default();
-    if st.phase != Some(MaintenancePhase::Running) {
+    let Some(st) = nm
+        .status
+        .as_ref()
+        .filter(|s| s.phase == Some(MaintenancePhase::Running))
+    else {
         return Deadline::Unbounded;
-    }
+    };
     let action = match nm.spec.drain_timeout_action.unwrap_or_default() {
         DrainTimeoutAction::Force if !allow_force => DrainTimeoutAction::Fail,
         action => action,
@@ -402,10 +405,11 @@ mod tests {
         Observed {
             lifecycle: Observed::lifecycle_of(&nm),
             nm,
-            slot: Some(slot),
+            admission: Admission::Final,
             node,
             now: Timestamp::now(),
         }
+        .admitted(&slot)
     }
 
     fn present() -> NodeSeen {

@@ -146,12 +146,12 @@ async fn request_lease(ctx: &Ctx, nm: &NodeMaintenance, node: &Node) -> LeaseOut
             shared::api::consts::lease_name(&node_name)
         )
     };
-    let status = nm.status.clone().unwrap_or_default();
+    let status = nm.status.as_ref();
     match ctx.leases.request(node).await {
         Ok(()) => LeaseOutcome::Held,
         Err(LeaseError::HeldByOther(holder)) => {
             // Counted (a warning) once draining started; before, only waited for.
-            if status.drain_progress > 0 {
+            if status.is_some_and(|s| s.drain_progress > 0) {
                 tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, lease = %lease(), %holder,
                     "lease held by another operator after draining started: counted, retried");
             } else {
@@ -162,7 +162,7 @@ async fn request_lease(ctx: &Ctx, nm: &NodeMaintenance, node: &Node) -> LeaseOut
         }
         Err(e) => {
             tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, lease = %lease(), error = %e,
-                attempts = status.error_on_lease_count.saturating_add(1), "lease error: counted, retried");
+                attempts = status.map_or(0, |s| s.error_on_lease_count).saturating_add(1), "lease error: counted, retried");
             LeaseOutcome::Failed(e.to_string())
         }
     }

@@ -11,7 +11,7 @@ use shared::api::consts::FINALIZER;
 use shared::{NodeMaintenance, rules::slots};
 
 use super::{Ctx, Error};
-use crate::plan::{Lifecycle, NodeSeen, Observed};
+use crate::plan::{Admission, Lifecycle, NodeSeen, Observed};
 
 pub(super) async fn observe(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Observed, Error> {
     // A live read carries them; the copy is held for the whole pass.
@@ -32,10 +32,10 @@ pub(super) async fn observe(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Observ
             .map(|o| slots::Entry::of(o))
             .collect();
         let own = slots::Entry::of(&seen.nm);
-        seen.slot = Some(
-            ctx.admissions
-                .decide(&own, &all, ctx.max_concurrent_maintenances),
-        );
+        let slot = ctx
+            .admissions
+            .decide(&own, &all, ctx.max_concurrent_maintenances);
+        seen = seen.admitted(&slot);
     }
     with_node(seen, ctx).await
 }
@@ -55,7 +55,7 @@ fn observed(nm: NodeMaintenance, lifecycle: Lifecycle) -> Observed {
     Observed {
         nm,
         lifecycle,
-        slot: None,
+        admission: Admission::Final,
         node: NodeSeen::NotRead,
         now: Timestamp::now(),
     }

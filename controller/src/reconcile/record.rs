@@ -169,7 +169,7 @@ async fn announce(
 pub(super) async fn record_panic(ctx: &Ctx, nm: &NodeMaintenance, text: &str) {
     let name = nm.name_any();
     let record = std::panic::AssertUnwindSafe(async {
-        match ctx.nms().get_opt(&name).await {
+        match ctx.read_live(&name).await {
             Ok(Some(live)) => panic_on(ctx, live, text).await,
             Ok(None) => {}
             Err(e) => {
