@@ -14,6 +14,8 @@
 //! caches on its answer.
 
 use std::sync::Mutex;
+
+use shared::rules::sync::LockExt;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -219,10 +221,8 @@ impl WarningLookups {
     /// Asked only when the node runs virt-launcher pods; the answer is kept
     /// for a minute.
     async fn kubevirt_served(&self) -> Result<bool, String> {
-        if let Ok(mut known) = self.kubevirt.lock() {
-            if let Some(&served) = known.get(&(), Instant::now()) {
-                return Ok(served);
-            }
+        if let Some(&served) = self.kubevirt.locked().get(&(), Instant::now()) {
+            return Ok(served);
         }
         let served = match self
             .client
@@ -233,9 +233,9 @@ impl WarningLookups {
             Err(kube::Error::Api(s)) if s.code == 404 => false,
             Err(e) => return Err(e.to_string()),
         };
-        if let Ok(mut known) = self.kubevirt.lock() {
-            known.insert((), served, KUBEVIRT_DISCOVERY_TTL, Instant::now());
-        }
+        self.kubevirt
+            .locked()
+            .insert((), served, KUBEVIRT_DISCOVERY_TTL, Instant::now());
         Ok(served)
     }
 

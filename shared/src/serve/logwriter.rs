@@ -35,7 +35,9 @@
 //! (here they are written directly).
 
 use std::io::{self, Write};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use crate::rules::sync::LockExt;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -61,11 +63,6 @@ struct Shared {
     max_buffered: usize,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves plain bytes behind: keep going.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl Shared {
     /// Write `bytes` to the sink, ignoring errors: there is nowhere left to
     /// report a failing log output.
@@ -75,13 +72,13 @@ impl Shared {
     }
 
     fn append(&self, line: &[u8]) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.locked();
         st.buf.extend_from_slice(line);
         // Write here when the writer thread is gone (closing) or the output
         // does not keep up (back-pressure); queued lines go first.
         if st.closing || st.buf.len() >= self.max_buffered {
             let out = std::mem::take(&mut st.buf);
-            let mut sink = lock(&self.sink);
+            let mut sink = self.sink.locked();
             drop(st);
             Self::write_out(&mut sink, &out);
             return;
@@ -95,7 +92,7 @@ impl Shared {
     fn run_writer(&self, batch_delay: Duration) {
         let mut spare: Vec<u8> = Vec::new();
         loop {
-            let mut st = lock(&self.state);
+            let mut st = self.state.locked();
             while st.buf.is_empty() && !st.closing {
                 st.writer_waiting = true;
                 st = self.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
@@ -121,7 +118,7 @@ impl Shared {
             }
             spare.clear();
             std::mem::swap(&mut st.buf, &mut spare);
-            let mut sink = lock(&self.sink);
+            let mut sink = self.sink.locked();
             drop(st);
             Self::write_out(&mut sink, &spare);
         }
@@ -145,7 +142,7 @@ impl WriterGuard {
     /// written directly.
     pub fn finish(&mut self) {
         {
-            let mut st = lock(&self.shared.state);
+            let mut st = self.shared.state.locked();
             st.closing = true;
             self.shared.wake.notify_one();
         }
@@ -184,7 +181,7 @@ pub fn batched(
         .spawn(move || worker.run_writer(batch_delay))
         .ok();
     if thread.is_none() {
-        lock(&shared.state).closing = true;
+        shared.state.locked().closing = true;
     }
     (BatchWriter(shared.clone()), WriterGuard { shared, thread })
 }
@@ -218,7 +215,7 @@ mod tests {
 
     impl Write for Recorder {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            lock(&self.0).push(buf.to_vec());
+            self.0.locked().push(buf.to_vec());
             Ok(buf.len())
         }
         fn flush(&mut self) -> io::Result<()> {
@@ -228,10 +225,10 @@ mod tests {
 
     impl Recorder {
         fn text(&self) -> String {
-            String::from_utf8(lock(&self.0).concat()).expect("utf8")
+            String::from_utf8(self.0.locked().concat()).expect("utf8")
         }
         fn writes(&self) -> usize {
-            lock(&self.0).len()
+            self.0.locked().len()
         }
     }
 

@@ -12,7 +12,9 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use crate::rules::sync::LockExt;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
@@ -126,11 +128,6 @@ pub struct Authorizer {
     decisions: Mutex<TtlCache<(TokenHash, String, String), Authz>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A cache is only a shortcut: a poisoned one is still usable.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The token of an `Authorization: Bearer <token>` header.
 pub fn bearer_token(header: Option<&HeaderValue>) -> Option<&str> {
     let value = header?.to_str().ok()?.trim();
@@ -190,7 +187,7 @@ impl Authorizer {
             k
         };
 
-        let cached = lock(&self.users).get(&key, now).cloned();
+        let cached = self.users.locked().get(&key, now).cloned();
         let authn = match cached {
             Some(a) => a,
             None => match self.reviews.authenticate(token).await {
@@ -199,7 +196,7 @@ impl Authorizer {
                         Authn::User(_) => self.ttls.authenticated,
                         Authn::Rejected(_) => self.ttls.rejected,
                     };
-                    lock(&self.users).insert(key, a.clone(), ttl, now);
+                    self.users.locked().insert(key, a.clone(), ttl, now);
                     a
                 }
                 Err(e) => return Verdict::Failed(e),
@@ -211,7 +208,7 @@ impl Authorizer {
         };
 
         let dkey = (key, path.to_string(), verb.to_string());
-        let cached = lock(&self.decisions).get(&dkey, now).cloned();
+        let cached = self.decisions.locked().get(&dkey, now).cloned();
         let authz = match cached {
             Some(a) => a,
             None => match self.reviews.authorize(&user, path, verb).await {
@@ -221,7 +218,7 @@ impl Authorizer {
                     } else {
                         self.ttls.denied
                     };
-                    lock(&self.decisions).insert(dkey, a.clone(), ttl, now);
+                    self.decisions.locked().insert(dkey, a.clone(), ttl, now);
                     a
                 }
                 Err(e) => return Verdict::Failed(e),
