@@ -21,22 +21,8 @@ command -v go >/dev/null || die "the Go toolchain is needed to build the control
 exec 9>"$cache/.lock"
 flock 9
 
-# run_logged NAME LOGFILE CMD...: runs CMD with output to LOGFILE, printing a
-# heartbeat every 30 s so a cold multi-minute build visibly progresses.
-run_logged() {
-  local name=$1 logf=$2; shift 2
-  "$@" >"$logf" 2>&1 &
-  local pid=$! start=$SECONDS
-  while kill -0 "$pid" 2>/dev/null; do
-    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-    kill -0 "$pid" 2>/dev/null && log "$name: still building ($((SECONDS - start)) s; log: $logf)"
-  done
-  if ! wait "$pid"; then
-    tail -n 30 "$logf" >&2
-    die "$name build failed after $((SECONDS - start)) s: command '$*' (full log: $logf)"
-  fi
-  log "$name: built in $((SECONDS - start)) s"
-}
+# shellcheck source=run-logged.sh
+source "$here/run-logged.sh"
 
 # ---- Kubernetes: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 k8s_dir="$cache/kubernetes-$K8S_VERSION"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Stops the local control plane started by tests/cluster/up.sh: every component by
+# Stops the local control plane started by tests/cluster/up.sh, and the companions
+# of tests/companions/up.sh (cert-manager, Prometheus): every component by
 # its recorded pid (TERM, then KILL after STOP_TIMEOUT seconds, default 15), plus
 # any component process whose pid file was lost but whose command line points into
 # this clone's .cluster/ (never by process name alone).
@@ -19,7 +20,7 @@ fi
 
 stop_all
 
-left="$(for c in "${COMPONENTS[@]}"; do stray_pids "$c"; done)"
+left="$(for c in "${COMPONENTS[@]}" "${COMPANIONS[@]}"; do stray_pids "$c"; done)"
 [ -z "$left" ] || die "component processes still alive after KILL: $left"
 
 if [ -d "$CLUSTER_DIR" ]; then

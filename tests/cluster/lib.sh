@@ -26,6 +26,9 @@ STATE_FILE="$CLUSTER_DIR/state.env"
 # Start order; down.sh stops in the reverse order so clients go before the API
 # server and the API server before etcd (no noisy reconnect loops in the logs).
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+# What users run beside us, started on request by tests/companions/up.sh
+# (make companions) with the same pid and log layout; stopped first.
+COMPANIONS=(cert-manager-controller cert-manager-cainjector prometheus)
 
 log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -97,9 +100,9 @@ stray_pids() {
 # stop_all: TERM every component (reverse start order), KILL what is still alive
 # after STOP_TIMEOUT seconds, and remove the pid files. Safe to run repeatedly.
 stop_all() {
-  local timeout="${STOP_TIMEOUT:-15}" c pid i pids=() these
-  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-    c="${COMPONENTS[$i]}"
+  local timeout="${STOP_TIMEOUT:-15}" c pid i pids=() these all=("${COMPONENTS[@]}" "${COMPANIONS[@]}")
+  for ((i = ${#all[@]} - 1; i >= 0; i--)); do
+    c="${all[$i]}"
     these=()
     if pid="$(pid_of "$c")"; then
       log "stopping $c (pid $pid)"

@@ -120,6 +120,31 @@ install_audit_policy() {
   cp "$CLUSTER_LIB_DIR/audit-policy.yaml" "$AUDIT_POLICY"
 }
 
+# ---- the API server's own /etc/hosts
+# A webhook configuration that names a Service (nmo-webhook-service.nmo-system.svc)
+# is called by the API server at that DNS name when it is given as a URL. The
+# API server runs in a mount namespace of its own (root only: unshare needs
+# CAP_SYS_ADMIN) with $CLUSTER_DIR/hosts bind-mounted over /etc/hosts, so a
+# test can map a Service name to 127.0.0.1 for the API server alone by adding
+# a line to that file (in place: the bind mount follows the inode). Nothing
+# else on the machine sees those names. As another user the API server reads
+# the machine's /etc/hosts and the tests that need a name say so.
+HOSTS_FILE="$CLUSTER_DIR/hosts"
+APISERVER_WRAP=()
+if [ "$(id -u)" -eq 0 ] && command -v unshare >/dev/null; then
+  # shellcheck disable=SC2016 # expanded by the inner sh
+  APISERVER_WRAP=(unshare --mount --propagation private -- sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$HOSTS_FILE")
+fi
+# write_hosts: the machine's /etc/hosts, then a marker under which tests add
+# their names (tests/companions/lib.sh route_service_name).
+write_hosts() {
+  { cat /etc/hosts 2>/dev/null; echo "# nmo-rs: names the local API server resolves (tests add lines below)"; } >"$HOSTS_FILE"
+}
+hosts_config_current() {
+  [ ${#APISERVER_WRAP[@]} -eq 0 ] && return 0
+  [ -f "$HOSTS_FILE" ] && [[ "$(cat "$PIDS/kube-apiserver.cmd" 2>/dev/null)" == unshare\ * ]]
+}
+
 # ---- reuse a healthy plane
 plane_healthy() {
   [ -f "$STATE_FILE" ] || return 1
@@ -138,6 +163,10 @@ plane_healthy() {
   done
   [ -x "$CLUSTER_DIR/bin/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] || return 1
   apiserver_ready || { log "API server of the previous plane is not ready; replacing the plane"; return 1; }
+  hosts_config_current || {
+    log "API server of the previous plane does not read $HOSTS_FILE as its /etc/hosts; replacing the plane"
+    return 1
+  }
   audit_config_current || {
     log "API server of the previous plane lacks the audit log flags or policy of this up.sh; replacing the plane"
     return 1
@@ -286,7 +315,8 @@ fresh_start() {
   # Default admission plugins stay on (ServiceAccount, NamespaceLifecycle, ...);
   # audit log and OwnerReferencesPermissionEnforcement: APISERVER_AUDIT_FLAGS.
   install_audit_policy
-  start_component kube-apiserver "$BIN/kube-apiserver" \
+  write_hosts
+  start_component kube-apiserver "${APISERVER_WRAP[@]}" "$BIN/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
     --tls-cert-file="$PKI/kube-apiserver.crt" --tls-private-key-file="$PKI/kube-apiserver.key" \

@@ -55,24 +55,8 @@ source_date_epoch() {
   fi
 }
 
-# run_logged NAME LOGFILE CMD...: runs CMD with its output in LOGFILE and a
-# heartbeat every 30 s; on failure prints the log's tail and names the command.
-run_logged() {
-  local name=$1 logf=$2; shift 2
-  "$@" >"$logf" 2>&1 &
-  local pid=$! start=$SECONDS
-  while kill -0 "$pid" 2>/dev/null; do
-    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-    if kill -0 "$pid" 2>/dev/null; then
-      log "$name: still running ($((SECONDS - start)) s; last: $(tail -n 1 "$logf" | cut -c1-100))"
-    fi
-  done
-  if ! wait "$pid"; then
-    tail -n 40 "$logf" >&2
-    die "$name failed after $((SECONDS - start)) s: command '$*' (full log: $logf)"
-  fi
-  log "$name: done in $((SECONDS - start)) s"
-}
+# shellcheck source=../cluster/run-logged.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../cluster/run-logged.sh"
 
 # kubectl_bin: KUBECTL, else the local control plane's, else kubectl on PATH.
 kubectl_bin() {
