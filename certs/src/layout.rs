@@ -82,6 +82,18 @@ pub fn write_kubelet_layout(dir: &Path, files: &[(&str, &[u8])]) -> Result<(), C
     write_layout(dir, files, None)
 }
 
+/// [`write_kubelet_layout`] with the data directory and files owned by
+/// `uid:gid` (a pod's fsGroup), for any Secret's keys: e.g. one cert-manager
+/// issued, mirrored into a mounted directory as kubelet does.
+pub fn write_kubelet_layout_owned(
+    dir: &Path,
+    files: &[(&str, &[u8])],
+    uid: u32,
+    gid: u32,
+) -> Result<(), CertError> {
+    write_layout(dir, files, Some((uid, gid)))
+}
+
 fn write_layout(
     dir: &Path,
     files: &[(&str, &[u8])],

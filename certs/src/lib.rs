@@ -11,5 +11,6 @@ pub use ca::{Ca, ServingCert, ca_bundle_base64, not_after};
 pub use error::CertError;
 pub use layout::{
     CA_CRT, CA_KEY, OLM_CRT, OLM_KEY, TLS_CRT, TLS_KEY, serving_files, write_kubelet_layout,
-    write_olm_set, write_plain_files, write_serving_set, write_serving_set_owned,
+    write_kubelet_layout_owned, write_olm_set, write_plain_files, write_serving_set,
+    write_serving_set_owned,
 };

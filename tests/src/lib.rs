@@ -3,6 +3,7 @@
 //! manifests applied as the cluster admin, and the operator's own processes
 //! run under their ServiceAccounts so RBAC is exercised for real.
 
+pub mod companions;
 pub mod controller_env;
 pub mod deployment;
 pub mod fixtures;

@@ -1,0 +1,229 @@
+//! The companions of `make companions` (tests/companions/up.sh) as the suites
+//! use them: cert-manager (a Certificate's readiness, a renewal as `cmctl
+//! renew` asks for one), the API server's private /etc/hosts (a Service name
+//! routed to 127.0.0.1 for it alone), and the local Prometheus (its HTTP API,
+//! the target files its scrape jobs read).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::wait::{Poll, until};
+
+/// cert-manager's Certificate, read without its Go types.
+pub fn certificates(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate");
+    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+/// cert-manager's Issuer, read without its Go types.
+pub fn issuers(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("cert-manager.io", "v1", "Issuer");
+    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+/// The status of condition `type_` of a cert-manager object, if any.
+pub fn condition(obj: &DynamicObject, type_: &str) -> Option<String> {
+    obj.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .and_then(|c| c["status"].as_str())
+        .map(str::to_string)
+}
+
+/// Wait until Certificate `ns/name` is Ready with a revision above `after`
+/// (0: any); returns its revision.
+pub async fn wait_certificate(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    after: i64,
+    deadline: Duration,
+) -> anyhow::Result<i64> {
+    let api = certificates(client, ns);
+    until(
+        &format!("Certificate {ns}/{name} Ready at a revision above {after}"),
+        deadline,
+        || async {
+            let c = api.get(name).await?;
+            let rev = c.data["status"]["revision"].as_i64().unwrap_or(0);
+            let ready = condition(&c, "Ready");
+            Ok(if ready.as_deref() == Some("True") && rev > after {
+                Poll::Ready(rev)
+            } else {
+                Poll::Pending(format!(
+                    "revision {rev}, Ready {ready:?}, conditions {}",
+                    c.data["status"]["conditions"]
+                ))
+            })
+        },
+    )
+    .await
+}
+
+/// Ask cert-manager to issue Certificate `ns/name` again now, as `cmctl
+/// renew` does: condition Issuing=True, reason ManuallyTriggered, on its status.
+pub async fn renew(client: &Client, ns: &str, name: &str) -> anyhow::Result<()> {
+    let api = certificates(client, ns);
+    let mut c = api
+        .get(name)
+        .await
+        .with_context(|| format!("reading Certificate {ns}/{name}"))?;
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let issuing = json!({
+        "type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
+        "message": "Certificate re-issuance manually triggered",
+        "lastTransitionTime": now,
+    });
+    let conds = c.data["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut conds: Vec<Value> = conds
+        .into_iter()
+        .filter(|x| x["type"] != "Issuing")
+        .collect();
+    conds.push(issuing);
+    c.data["status"]["conditions"] = Value::Array(conds);
+    api.replace_status(name, &PostParams::default(), &c)
+        .await
+        .with_context(|| format!("marking Certificate {ns}/{name} for renewal"))?;
+    Ok(())
+}
+
+/// Whether the local API server reads `.cluster/hosts` as its /etc/hosts
+/// (tests/cluster/up.sh starts it so when run as root).
+pub fn apiserver_reads_hosts_file() -> bool {
+    std::fs::read_to_string(crate::cluster_dir().join("pids/kube-apiserver.cmd"))
+        .is_ok_and(|c| c.starts_with("unshare "))
+        && crate::cluster_dir().join("hosts").is_file()
+}
+
+/// Make `name` resolve to 127.0.0.1 for the API server alone; false (and
+/// nothing written) when it does not read `.cluster/hosts`.
+pub fn route_to_loopback(name: &str) -> anyhow::Result<bool> {
+    if !apiserver_reads_hosts_file() {
+        return Ok(false);
+    }
+    let path = crate::cluster_dir().join("hosts");
+    let text = std::fs::read_to_string(&path)?;
+    let line = format!("127.0.0.1 {name}");
+    if !text.lines().any(|l| l.trim() == line) {
+        // Appended in place: the API server's bind mount follows this inode.
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path)?;
+        std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())
+            .with_context(|| format!("adding {name} to {}", path.display()))?;
+    }
+    Ok(true)
+}
+
+/// The local Prometheus' base URL (`make companions` writes it).
+pub fn prometheus_url() -> anyhow::Result<String> {
+    let path = crate::cluster_dir().join("prometheus.url");
+    let url = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "no local Prometheus: {} is missing; run `make companions` first",
+            path.display()
+        )
+    })?;
+    Ok(url.trim().to_string())
+}
+
+/// GET `path` (with its query) from the local Prometheus; the JSON `data`.
+pub async fn prometheus_get(path: &str) -> anyhow::Result<Value> {
+    let base = prometheus_url()?;
+    let host = base
+        .strip_prefix("http://")
+        .with_context(|| format!("Prometheus URL {base} is not http://HOST:PORT"))?;
+    let mut s = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(host))
+        .await
+        .with_context(|| format!("connecting to Prometheus at {base}: timed out"))?
+        .with_context(|| format!("connecting to Prometheus at {base}"))?;
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+        .await
+        .with_context(|| format!("GET {base}{path}: no answer in 10 s"))??;
+    let text = String::from_utf8_lossy(&buf);
+    let (_, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {base}{path}: not an HTTP answer: {text}"))?;
+    let v: Value = serde_json::from_str(body)
+        .with_context(|| format!("GET {base}{path}: not JSON: {body}"))?;
+    if v["status"] != "success" {
+        bail!("GET {base}{path}: {v}");
+    }
+    Ok(v["data"].clone())
+}
+
+/// Percent-encode a PromQL expression for a query string.
+pub fn encode(q: &str) -> String {
+    let mut out = String::new();
+    for b in q.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// An instant query's result vector.
+pub async fn query(expr: &str) -> anyhow::Result<Vec<Value>> {
+    let data = prometheus_get(&format!("/api/v1/query?query={}", encode(expr))).await?;
+    Ok(data["result"].as_array().cloned().unwrap_or_default())
+}
+
+/// Where the local Prometheus reads Service `ns/name`'s targets.
+pub fn targets_file(ns: &str, service: &str) -> PathBuf {
+    crate::cluster_dir()
+        .join("prometheus/targets")
+        .join(format!("{ns}_{service}.json"))
+}
+
+/// Point the scrape of Service `ns/name` (port `port_name`) at local
+/// addresses, labelled as the Prometheus Operator labels a Service's targets.
+pub fn set_targets(
+    ns: &str,
+    service: &str,
+    port_name: &str,
+    addrs: &[String],
+    pods: &[String],
+) -> anyhow::Result<()> {
+    let groups: Vec<Value> = addrs
+        .iter()
+        .zip(pods.iter().chain(std::iter::repeat(&String::new())))
+        .map(|(a, pod)| {
+            json!({"targets": [a], "labels": {
+                "job": service, "namespace": ns, "service": service,
+                "endpoint": port_name, "pod": pod,
+            }})
+        })
+        .collect();
+    let path = targets_file(ns, service);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&groups)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    // Renamed into place: Prometheus never reads half a file.
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn promql_is_encoded_for_a_query_string() {
+        assert_eq!(encode(r#"up{job="a b"}"#), "up%7Bjob%3D%22a%20b%22%7D");
+    }
+}

@@ -1,0 +1,532 @@
+//! manifests/overlays/cert-manager with a real cert-manager (`make
+//! companions`): its Issuers and Certificates, as rendered, are issued by
+//! cert-manager; cainjector fills the caBundle of the rendered webhook
+//! configuration; the webhook serves the issued Secret from the kubelet's
+//! volume layout; the API server calls it at the Service's DNS name
+//! (`nmo-webhook-service.nmo-system.svc`, routed to 127.0.0.1 for the API
+//! server alone: tests/cluster/up.sh) and trusts it through the injected
+//! caBundle. Then cert-manager renews the serving certificate, and the CA,
+//! under a steady stream of creates through the API server; every failed
+//! admission is counted and printed, and none may fail.
+//!
+//! The test plays the kubelet's part: when the Secret changes it rewrites the
+//! mounted directory by the same `..data` symlink swap, at once (a kubelet
+//! takes up to a minute or so; with a CA that outlives its leaves that delay
+//! changes nothing, which is the point of the overlay's two-level chain).
+//!
+//! One test: the overlay's names (Issuers, Certificates, Secrets, the webhook
+//! configuration) are cluster-wide fixed names.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Client};
+use nmo_tests::companions::{self, wait_certificate};
+use nmo_tests::deployment::{Launch, render};
+use nmo_tests::fixtures::{GROUP_KEY, TestBed};
+use nmo_tests::wait::{Poll, until};
+use nmo_tests::webhook_pod::{create_with_warnings, test_nm};
+use nmo_webhook_client::{ReviewClient, tls_config};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use shared::api::consts::WEBHOOK_PATH;
+
+const NS: &str = "nmo-system";
+const OVERLAY: &str = "overlays/cert-manager";
+const LONG: Duration = Duration::from_secs(90);
+
+/// The objects of the rendered overlay, by kind.
+fn rendered(kind: &str) -> Vec<Value> {
+    let yaml = render(OVERLAY).unwrap_or_else(|e| panic!("{e:#}"));
+    serde_yaml::Deserializer::from_str(&yaml)
+        .filter_map(|d| serde_yaml::Value::deserialize(d).ok())
+        .filter_map(|v| serde_json::to_value(v).ok())
+        .filter(|v| v["kind"] == kind)
+        .collect()
+}
+
+/// The Certificate whose Secret the webhook Deployment mounts, and the one
+/// (if any) that is a CA.
+fn certificates() -> (Value, Option<Value>) {
+    let dep = nmo_tests::deployment::deployment(OVERLAY, "nmo-webhook").expect("Deployment");
+    let secret = dep
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|p| p.volumes)
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|v| v.secret.and_then(|s| s.secret_name))
+        .expect("the webhook Deployment mounts a Secret");
+    let all = rendered("Certificate");
+    let serving = all
+        .iter()
+        .find(|c| c["spec"]["secretName"] == secret.as_str())
+        .unwrap_or_else(|| panic!("no Certificate of {OVERLAY} writes Secret {secret}"))
+        .clone();
+    let ca = all.into_iter().find(|c| c["spec"]["isCA"] == true);
+    (serving, ca)
+}
+
+fn name_of(v: &Value) -> String {
+    v["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The rendered webhook configuration made callable here: the Service it
+/// names becomes a URL on that DNS name at the local port, and only this
+/// test's NodeMaintenances are sent to it. Its annotation (what cainjector
+/// reads) is kept as rendered.
+fn webhook_configuration(port: u16, group: &str) -> (Value, String) {
+    let mut vwc = rendered("ValidatingWebhookConfiguration")
+        .pop()
+        .expect("the overlay renders a ValidatingWebhookConfiguration");
+    let svc = vwc["webhooks"][0]["clientConfig"]["service"].clone();
+    let host = format!(
+        "{}.{}.svc",
+        svc["name"].as_str().expect("service name"),
+        svc["namespace"].as_str().expect("service namespace")
+    );
+    let path = svc["path"].as_str().unwrap_or(WEBHOOK_PATH).to_string();
+    vwc["webhooks"][0]["clientConfig"] = json!({"url": format!("https://{host}:{port}{path}")});
+    vwc["webhooks"][0]["matchConditions"] = json!([{
+        "name": "this-test-only",
+        "expression": format!("object.metadata.name.startsWith('{group}')"),
+    }]);
+    vwc["metadata"]["labels"][GROUP_KEY] = json!(group);
+    (vwc, host)
+}
+
+/// Copies Secret `name` into `dir` in the kubelet layout whenever its data
+/// changes (as a kubelet does for a mounted Secret, without the delay).
+fn mirror_secret(client: Client, name: String, dir: std::path::PathBuf, stop: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        let api: Api<Secret> = Api::namespaced(client, NS);
+        let mut last: Option<BTreeMap<String, Vec<u8>>> = None;
+        while !stop.load(Ordering::SeqCst) {
+            if let Ok(s) = api.get(&name).await {
+                let data: BTreeMap<String, Vec<u8>> = s
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.0))
+                    .collect();
+                if last.as_ref() != Some(&data) && data.contains_key("tls.crt") {
+                    let files: Vec<(&str, &[u8])> = data
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_slice()))
+                        .collect();
+                    let written = if nmo_tests::deployment::is_root() {
+                        certs::write_kubelet_layout_owned(&dir, &files, 65532, 65532)
+                    } else {
+                        certs::write_kubelet_layout(&dir, &files)
+                    };
+                    if written.is_ok() {
+                        last = Some(data);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
+
+/// Dry-run creates through the API server, back to back, until `stop`;
+/// every answer but success counts as a failed admission.
+struct Stream {
+    ok: Arc<AtomicU64>,
+    failed: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Stream {
+    fn start(client: Client, group: String, node: String, stop: Arc<AtomicBool>) -> Stream {
+        let ok = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (o, f) = (ok.clone(), failed.clone());
+        let t0 = Instant::now();
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                i += 1;
+                let nm = test_nm(&format!("{group}-load-{i}"), &node);
+                match create_with_warnings(&client, &nm, true).await {
+                    Ok(_) => {
+                        o.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err((code, m)) => {
+                        if let Ok(mut v) = f.lock() {
+                            v.push(format!("at {} ms: {code}: {m}", t0.elapsed().as_millis()));
+                        }
+                    }
+                }
+            }
+        });
+        Stream { ok, failed }
+    }
+
+    fn counts(&self) -> (u64, Vec<String>) {
+        let failed = self.failed.lock().map(|v| v.clone()).unwrap_or_default();
+        (self.ok.load(Ordering::SeqCst), failed)
+    }
+
+    /// Wait until `n` more creates went through.
+    async fn wait_more(&self, n: u64) {
+        let start = self.ok.load(Ordering::SeqCst);
+        until(&format!("{n} more admitted creates"), LONG, || async {
+            let (ok, failed) = self.counts();
+            Ok(if ok >= start + n {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!(
+                    "{} admitted, {} failed: {:?}",
+                    ok - start,
+                    failed.len(),
+                    failed.last()
+                ))
+            })
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+}
+
+async fn injected_ca(client: &Client, name: &str) -> Option<String> {
+    let vwc = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get(name)
+        .await
+        .ok()?;
+    let bundle = vwc.webhooks?.into_iter().next()?.client_config.ca_bundle?;
+    Some(String::from_utf8_lossy(&bundle.0).to_string()).filter(|s| !s.is_empty())
+}
+
+/// Wait until cainjector's caBundle holds the `ca.crt` of Secret `secret`.
+async fn wait_injected(client: &Client, vwc: &str, secret: &str) -> String {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    until(
+        &format!("cainjector to put Secret {NS}/{secret}'s ca.crt in {vwc}'s caBundle"),
+        LONG,
+        || async {
+            let s = secrets.get(secret).await?;
+            let ca = s
+                .data
+                .and_then(|d| {
+                    d.get("ca.crt")
+                        .map(|b| String::from_utf8_lossy(&b.0).to_string())
+                })
+                .unwrap_or_default();
+            let got = injected_ca(client, vwc).await;
+            // cainjector may keep the previous CA next to the new one
+            // through a rotation: the bundle must hold the current CA.
+            Ok(match got {
+                Some(b) if !ca.trim().is_empty() && b.contains(ca.trim()) => Poll::Ready(b),
+                other => Poll::Pending(format!(
+                    "caBundle {} bytes, ca.crt {} bytes",
+                    other.map_or(0, |b| b.len()),
+                    ca.len()
+                )),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+async fn serving_cert(client: &Client, secret: &str) -> String {
+    let s = Api::<Secret>::namespaced(client.clone(), NS)
+        .get(secret)
+        .await
+        .expect("serving Secret");
+    s.data
+        .and_then(|d| {
+            d.get("tls.crt")
+                .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        })
+        .expect("tls.crt")
+}
+
+/// Renew Certificate `name`, wait for the new revision to be issued and
+/// served, and for `more` creates after it; returns the failed admissions.
+#[allow(clippy::too_many_arguments)]
+async fn renew_under_load(
+    client: &Client,
+    stream: &Stream,
+    cert: &str,
+    serving_secret: &str,
+    tls_addr: SocketAddr,
+    host: &str,
+    vwc: &str,
+    also_leaf: bool,
+) -> (Duration, usize) {
+    let (_, before) = stream.counts();
+    let certs_api = companions::certificates(client, NS);
+    let rev = certs_api.get(cert).await.expect("Certificate").data["status"]["revision"]
+        .as_i64()
+        .unwrap_or(0);
+    let t0 = Instant::now();
+    companions::renew(client, NS, cert).await.expect("renew");
+    wait_certificate(client, NS, cert, rev, LONG)
+        .await
+        .expect("renewed");
+    if also_leaf {
+        // A new CA signs only what is issued after it: the serving
+        // certificate's next renewal is what brings the new CA into play.
+        let (serving, _) = certificates();
+        let leaf = name_of(&serving);
+        let lrev = certs_api.get(&leaf).await.expect("leaf").data["status"]["revision"]
+            .as_i64()
+            .unwrap_or(0);
+        companions::renew(client, NS, &leaf)
+            .await
+            .expect("renew leaf");
+        wait_certificate(client, NS, &leaf, lrev, LONG)
+            .await
+            .expect("leaf renewed");
+    }
+    let want = serving_cert(client, serving_secret).await;
+    let ca = wait_injected(client, vwc, serving_secret).await;
+    // The webhook serves the new certificate, and it verifies against the caBundle.
+    let want_der = nmo_webhook_client::pem_to_der(&want);
+    until(
+        "the webhook to serve the renewed certificate",
+        LONG,
+        || async {
+            let c = ReviewClient::connect(tls_addr, host, tls_config(ca.as_bytes())?).await?;
+            Ok(if Some(&c.peer_certificate) == want_der.as_ref() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending("the previous certificate".into())
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let took = t0.elapsed();
+    stream.wait_more(100).await;
+    let (_, after) = stream.counts();
+    (took, after.len() - before.len())
+}
+
+/// Delete the overlay's Certificates, their Secrets and its Issuers.
+async fn forget_earlier_run(client: &Client) {
+    let dp = DeleteParams::default();
+    for c in rendered("Certificate") {
+        let _ = companions::certificates(client, NS)
+            .delete(&name_of(&c), &dp)
+            .await;
+        if let Some(s) = c["spec"]["secretName"].as_str() {
+            let _ = Api::<Secret>::namespaced(client.clone(), NS)
+                .delete(s, &dp)
+                .await;
+        }
+    }
+    let issuers = companions::issuers(client, NS);
+    for i in rendered("Issuer") {
+        let _ = issuers.delete(&name_of(&i), &dp).await;
+    }
+}
+
+#[tokio::test]
+async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admission() {
+    let client = nmo_tests::admin_client()
+        .await
+        .expect("local control plane");
+    companions::certificates(&client, NS)
+        .list(&Default::default())
+        .await
+        .expect("cert-manager's CRDs: run `make companions` (tests/companions/up.sh) first");
+    nmo_tests::manifests::install_webhook_prereqs(&client)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let bed = TestBed::new(client.clone(), "cm")
+        .await
+        .expect("test namespace");
+    let g = bed.group.clone();
+    let node = bed
+        .node("w", false)
+        .await
+        .expect("node")
+        .metadata
+        .name
+        .expect("name");
+
+    // 1. The overlay's Issuers and Certificates, as rendered, issued by
+    // cert-manager from nothing (what an earlier run left is deleted first).
+    forget_earlier_run(&client).await;
+    let mut issued = String::new();
+    for kind in ["Issuer", "Certificate"] {
+        for obj in rendered(kind) {
+            issued += &format!("{kind} {} ", name_of(&obj));
+            nmo_tests::manifests::apply_yaml(&client, &serde_yaml::to_string(&obj).expect("yaml"))
+                .await
+                .unwrap_or_else(|e| panic!("applying {kind} {}: {e:#}", name_of(&obj)));
+        }
+    }
+    let (serving, ca_cert) = certificates();
+    let serving_name = name_of(&serving);
+    let secret = serving["spec"]["secretName"]
+        .as_str()
+        .expect("secretName")
+        .to_string();
+    for c in ca_cert.iter().chain([&serving]) {
+        wait_certificate(&client, NS, &name_of(c), 0, LONG)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{e:#}\ncert-manager log:\n{}",
+                    nmo_tests::component_log_tails(30)
+                )
+            });
+    }
+    eprintln!("cert-manager issued {issued}");
+
+    // 2. The webhook, given that Secret in the kubelet's layout.
+    let dir = nmo_tests::repo_root()
+        .join(".cluster/test-logs")
+        .join(format!("{g}-cert"));
+    let stop = Arc::new(AtomicBool::new(false));
+    mirror_secret(client.clone(), secret.clone(), dir.clone(), stop.clone());
+    until("the Secret in the mounted directory", LONG, || async {
+        Ok(if dir.join("tls.crt").exists() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending("empty".into())
+        })
+    })
+    .await
+    .expect("mounted");
+    let kubeconfig = dir.with_extension("kubeconfig");
+    nmo_tests::process::service_account_kubeconfig(&client, NS, "nmo-webhook", &kubeconfig)
+        .await
+        .expect("webhook kubeconfig");
+    let pod = Launch::new(OVERLAY, "nmo-webhook")
+        .volume("cert", &dir)
+        .kubeconfig(&kubeconfig)
+        .extra_args(["--openshift=false", "--metrics-secure=false"])
+        .start(&client)
+        .await
+        .expect("webhook started");
+    pod.wait_ready(LONG).await.expect("webhook Ready");
+    let port = pod.flag_port("webhook-bind-address").expect("mapped port");
+    let tls_addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+
+    // 3. The rendered configuration; cainjector injects the CA.
+    let (vwc, host) = webhook_configuration(port, &g);
+    let vwc_name = name_of(&vwc);
+    let routed = companions::route_to_loopback(&host).expect("hosts file");
+    let api = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    let _ = api.delete(&vwc_name, &DeleteParams::default()).await;
+    api.patch(
+        &vwc_name,
+        &PatchParams::apply("nmo-tests").force(),
+        &Patch::Apply(&vwc),
+    )
+    .await
+    .expect("webhook configuration applied");
+    let ca = wait_injected(&client, &vwc_name, &secret).await;
+
+    // 4. The handshake the API server makes: server name, injected CA.
+    let c = ReviewClient::connect(tls_addr, &host, tls_config(ca.as_bytes()).expect("CA"))
+        .await
+        .unwrap_or_else(|e| panic!("TLS to {host} with the injected caBundle: {e}"));
+    assert!(!c.peer_certificate.is_empty());
+    assert!(
+        routed,
+        "the API server does not read .cluster/hosts (not root?): the API server's own call to {host} cannot be shown here"
+    );
+    let ghost = format!("{g}-ghost");
+    until(
+        "the API server to call the webhook at its Service name",
+        LONG,
+        || async {
+            let r =
+                create_with_warnings(&client, &test_nm(&format!("{g}-probe"), &ghost), true).await;
+            Ok(match &r {
+                Err((403, m)) if m.ends_with(&format!("no node with name {ghost} found")) => {
+                    Poll::Ready(())
+                }
+                _ => Poll::Pending(format!("{r:?}")),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\nwebhook log:\n{}", pod.proc.log_text()));
+    eprintln!(
+        "the API server called https://{host}:{port} and trusted it through cainjector's caBundle"
+    );
+
+    // 5. Renewals by cert-manager under a stream of creates.
+    let stream = Stream::start(client.clone(), g.clone(), node.clone(), stop.clone());
+    stream.wait_more(100).await;
+    let (took, leaf_failed) = renew_under_load(
+        &client,
+        &stream,
+        &serving_name,
+        &secret,
+        tls_addr,
+        &host,
+        &vwc_name,
+        false,
+    )
+    .await;
+    eprintln!(
+        "leaf renewal ({serving_name}): served {took:?} after the renewal was asked for; failed admissions: {leaf_failed}"
+    );
+    let mut ca_failed = 0;
+    if let Some(ca_cert) = &ca_cert {
+        let (took, n) = renew_under_load(
+            &client,
+            &stream,
+            &name_of(ca_cert),
+            &secret,
+            tls_addr,
+            &host,
+            &vwc_name,
+            true,
+        )
+        .await;
+        ca_failed = n;
+        let bundle = injected_ca(&client, &vwc_name).await.unwrap_or_default();
+        eprintln!(
+            "CA renewal ({}), then the leaf: new leaf served {took:?} after; caBundle holds {} CA certificate(s); failed admissions: {n}",
+            name_of(ca_cert),
+            bundle.matches("BEGIN CERTIFICATE").count()
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (ok, failed) = stream.counts();
+    let at = |f: Option<&String>| {
+        f.and_then(|s| s.split(' ').nth(1))
+            .unwrap_or("-")
+            .to_string()
+    };
+    eprintln!(
+        "creates through the API server: {ok} admitted, {} failed (first at {} ms, last at {} ms of the stream)",
+        failed.len(),
+        at(failed.first()),
+        at(failed.last())
+    );
+    let _ = api.delete(&vwc_name, &DeleteParams::default()).await;
+    let _ = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .delete(&node, &DeleteParams::default())
+        .await;
+    bed.teardown().await;
+    assert_eq!(
+        leaf_failed,
+        0,
+        "failed admissions across the leaf renewal: {:?}",
+        &failed[..failed.len().min(5)]
+    );
+    assert_eq!(
+        ca_failed,
+        0,
+        "failed admissions across the CA renewal: {:?}",
+        &failed[..failed.len().min(5)]
+    );
+}
