@@ -57,6 +57,8 @@ const RULES: &str = "manifests/monitoring/prometheusrule.yaml";
 /// The webhook's name in manifests/base/validating-webhook.yaml: what the API
 /// server's errors name, so the tests register theirs under it too.
 const WEBHOOK_NAME: &str = "vnodemaintenance.kb.io";
+/// The PrometheusRule annotation holding the guide's address.
+const RUNBOOK_BASE_KEY: &str = "nmo.medik8s.io/runbook-base";
 /// How long one example block may run (the must-gather one reads the plane).
 const BLOCK_TIMEOUT: Duration = Duration::from_secs(300);
 /// Separates the commands' outputs in the one bash that runs a block.
@@ -676,8 +678,13 @@ fn the_example_format_is_read_as_documented() {
     );
 }
 
-/// The `runbook_url` of every alert: the workspace's repository URL (Cargo.toml),
-/// then `/blob/main/docs/troubleshooting.md#<anchor>`, the anchor a heading of the guide.
+/// The guide's address is set once, in the PrometheusRule's annotation
+/// `nmo.medik8s.io/runbook-base`: the workspace's repository URL
+/// (Cargo.toml), then `/blob/main/docs/troubleshooting.md`. Every alert's
+/// `runbook_url` is `#<anchor>` of a heading of the guide, and
+/// manifests/monitoring/kustomization.yaml puts the base in front of it
+/// (manifests/check.sh checks the rendering; `make release` pins the base to
+/// the release's tag, tests/tools/tests/release_scripts.rs).
 #[test]
 fn every_alert_links_to_a_section_of_the_guide() {
     let cargo = std::fs::read_to_string(repo_path("Cargo.toml")).expect("Cargo.toml");
@@ -692,10 +699,24 @@ fn every_alert_links_to_a_section_of_the_guide() {
             Some(v.trim().trim_matches('"').to_string())
         })
         .expect("Cargo.toml names the workspace repository");
-    let base = format!("{repository}/blob/main/{GUIDE}#");
+    let base = format!("{repository}/blob/main/{GUIDE}");
     let anchors = heading_anchors(&read_guide());
     let rules = std::fs::read_to_string(repo_path(RULES)).expect("rule file");
     let rules: serde_yaml::Value = serde_yaml::from_str(&rules).expect("rule YAML");
+    assert_eq!(
+        rules["metadata"]["annotations"][RUNBOOK_BASE_KEY].as_str(),
+        Some(base.as_str()),
+        "{RULES}: the annotation {RUNBOOK_BASE_KEY} must be the one place of the guide's address"
+    );
+    let kustomization =
+        std::fs::read_to_string(repo_path("manifests/monitoring/kustomization.yaml"))
+            .expect("monitoring kustomization");
+    assert!(
+        kustomization.contains(&format!(
+            "fieldPath: metadata.annotations.[{RUNBOOK_BASE_KEY}]"
+        )) && kustomization.contains("annotations.runbook_url"),
+        "manifests/monitoring/kustomization.yaml must copy {RUNBOOK_BASE_KEY} into every runbook_url"
+    );
     let mut alerts = 0;
     for group in rules["spec"]["groups"].as_sequence().expect("groups") {
         for rule in group["rules"].as_sequence().expect("rules") {
@@ -706,8 +727,11 @@ fn every_alert_links_to_a_section_of_the_guide() {
             let url = rule["annotations"]["runbook_url"]
                 .as_str()
                 .unwrap_or_else(|| panic!("alert {alert} has no runbook_url annotation"));
-            let anchor = url.strip_prefix(&base).unwrap_or_else(|| {
-                panic!("alert {alert}: runbook_url {url} does not start with {base}")
+            let anchor = url.strip_prefix('#').unwrap_or_else(|| {
+                panic!(
+                    "alert {alert}: runbook_url {url} must be only `#<anchor>`: the base comes \
+                     from {RUNBOOK_BASE_KEY}"
+                )
             });
             assert!(
                 anchors.contains(anchor),
