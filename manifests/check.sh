@@ -137,6 +137,13 @@ for a in NodeMaintenanceFailed NodeMaintenanceStuck NodeMaintenanceWebhookDown W
     has "$mon" "alert: $a$" "monitoring: alert $a missing"
 done
 has "$mon" 'grafana_dashboard: "1"$' "monitoring: dashboard ConfigMap label missing"
+# The runbook links: the annotation's base in front of every anchor (the
+# replacement of monitoring/kustomization.yaml), as make release pins them.
+runbook_base=$(sed -nE 's/^ *nmo.medik8s.io\/runbook-base: *//p' "$mon")
+[ -n "$runbook_base" ] || fail "monitoring: the PrometheusRule has no nmo.medik8s.io/runbook-base annotation"
+unlinked=$(grep -E '^ *runbook_url: ' "$mon" | sed -E 's/^ *runbook_url: *"?//; s/"$//' | awk -v p="$runbook_base#" 'index($0, p) != 1' || true)
+[ -z "$unlinked" ] || fail "monitoring: runbook_url(s) not starting with the annotation's $runbook_base# (the replacement in monitoring/kustomization.yaml): $unlinked"
+[ "$(grep -cE '^ *runbook_url: ' "$mon")" = "$(grep -cE '^ *- alert: ' "$mon")" ] || fail "monitoring: an alert has no runbook_url"
 if command -v python3 >/dev/null 2>&1; then
     python3 -m json.tool "$here/monitoring/nmo-dashboard.json" >/dev/null || fail "monitoring/nmo-dashboard.json is not valid JSON"
 fi

@@ -117,11 +117,30 @@ collect "operator/pods-describe.txt" k describe pods -n "$NS"
 collect "operator/services.yaml" k get services,endpoints -n "$NS" -o yaml
 collect "operator/leases.yaml" k get leases -n "$NS" -o yaml
 collect "operator/events.txt" k get events -n "$NS" --sort-by=.lastTimestamp
-collect "operator/validatingwebhookconfiguration.yaml" k get validatingwebhookconfiguration nmo-validating-webhook -o yaml
+# The webhook configuration by the webhook it holds: nmo-validating-webhook
+# on the kustomize installs, vnodemaintenance.kb.io-<suffix> under OLM.
+vwc_names() {
+    k get validatingwebhookconfigurations -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.webhooks[*].name}{"\n"}{end}' |
+        awk '{for (i = 2; i <= NF; i++) if ($i == "vnodemaintenance.kb.io") {print $1; break}}'
+}
+vwc="$(vwc_names 2>/dev/null | tr '\n' ' ')"
+if [ -n "$vwc" ]; then
+    # shellcheck disable=SC2086 # one argument per name
+    collect "operator/validatingwebhookconfiguration.yaml" k get validatingwebhookconfiguration $vwc -o yaml
+else
+    echo "operator/validatingwebhookconfiguration.yaml: no ValidatingWebhookConfiguration holds webhook vnodemaintenance.kb.io (deleted, or not readable)" >>"$errors"
+    failures=$((failures + 1))
+fi
 collect "operator/rbac.yaml" k get clusterroles,clusterrolebindings nmo-controller nmo-webhook -o yaml
 
 # The serving certificate: subject, SANs and validity only, never the key.
-if cert=$(k get secret -n "$NS" nmo-webhook-cert -o 'jsonpath={.data.tls\.crt}' 2>/dev/null) && [ -n "$cert" ]; then
+# Secret nmo-webhook-cert on the kustomize installs, OLM's nmo-webhook-service-cert.
+cert=""
+for secret in nmo-webhook-cert nmo-webhook-service-cert; do
+    cert=$(k get secret -n "$NS" "$secret" -o 'jsonpath={.data.tls\.crt}' 2>/dev/null) || cert=""
+    [ -z "$cert" ] || break
+done
+if [ -n "$cert" ]; then
     if command -v openssl >/dev/null 2>&1; then
         printf '%s' "$cert" | base64 -d 2>/dev/null |
             openssl x509 -noout -subject -issuer -dates -ext subjectAltName >"$dir/operator/webhook-certificate.txt" 2>&1
@@ -129,7 +148,7 @@ if cert=$(k get secret -n "$NS" nmo-webhook-cert -o 'jsonpath={.data.tls\.crt}' 
         echo "openssl not found: certificate not decoded" >"$dir/operator/webhook-certificate.txt"
     fi
 else
-    echo "Secret $NS/nmo-webhook-cert not found or has no tls.crt" >"$dir/operator/webhook-certificate.txt"
+    echo "neither Secret $NS/nmo-webhook-cert (kustomize installs) nor $NS/nmo-webhook-service-cert (OLM) found with a tls.crt" >"$dir/operator/webhook-certificate.txt"
 fi
 # cert-manager's view when it is installed (missing CRDs are not an error).
 if k get crd certificates.cert-manager.io >/dev/null 2>&1; then

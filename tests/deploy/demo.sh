@@ -46,14 +46,16 @@ K rollout status -n demo deployment/web --timeout=90s >/dev/null || fail "the de
 run get pods -n demo -o wide
 
 say "Put $NODE into maintenance"
-cat <<YAML | tee /dev/stderr | K apply -f - >/dev/null
-apiVersion: nodemaintenance.medik8s.io/v1beta1
+# Shown on stdout, then applied. Not `tee /dev/stderr`: that reopens the
+# file behind stderr, and with `make demo > demo.log 2>&1` truncates the log.
+nm_yaml="apiVersion: nodemaintenance.medik8s.io/v1beta1
 kind: NodeMaintenance
 metadata: {name: $NM}
 spec:
   nodeName: $NODE
-  reason: "demo: kernel security patch"
-YAML
+  reason: \"demo: kernel security patch\""
+printf '%s\n' "$nm_yaml"
+printf '%s\n' "$nm_yaml" | K apply -f - >/dev/null
 
 say "Drain progress (the PDB lets one web pod go at a time)"
 deadline=$((SECONDS + 120)); last=""

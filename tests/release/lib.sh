@@ -25,6 +25,47 @@ workspace_version() {
     "$REPO_ROOT/Cargo.toml"
 }
 
+# workspace_repository: [workspace.package] repository of Cargo.toml.
+workspace_repository() {
+  awk '/^\[workspace.package\]/{p=1; next} /^\[/{p=0} p && /^repository *=/{sub(/^repository *= */,"",$0); gsub(/"/,"",$0); print; exit}' \
+    "$REPO_ROOT/Cargo.toml"
+}
+
+# The troubleshooting guide, which the alerts' runbook_urls point into.
+GUIDE_PATH=docs/troubleshooting.md
+
+# runbook_base REPOSITORY REF: the guide's address at REF (a branch or a tag).
+runbook_base() { printf '%s/blob/%s/%s' "${1%/}" "$2" "$GUIDE_PATH"; }
+
+# check_runbook_repository URL: the repository the released alerts link to
+# must be a real https address, not the workspace's placeholder.
+check_runbook_repository() {
+  local url=$1 host
+  [[ "$url" == https://?*/?* ]] ||
+    die "the repository for the alerts' runbook links is '$url': set [workspace.package] repository in Cargo.toml (or RELEASE_REPOSITORY) to the project's https address"
+  host=${url#https://}
+  host=${host%%/*}
+  case "$host" in
+    example.invalid | *.invalid | example.com | example.org | localhost | 127.*)
+      die "the repository for the alerts' runbook links is '$url', a placeholder: the released alerts would link nowhere; set [workspace.package] repository in Cargo.toml to the project's public address (or RELEASE_REPOSITORY=https://... for this release)" ;;
+  esac
+}
+
+# pin_runbooks FROM TO: rendered alert rules on stdin to stdout, with the
+# guide's address FROM (the committed base, .../blob/main/...) replaced by TO
+# (the release's, .../blob/vX.Y.Z/...). Fails, naming them, when any
+# runbook_url or the base annotation does not then start with TO.
+pin_runbooks() {
+  local from=$1 to=$2 line out bad
+  out=$(while IFS= read -r line || [ -n "$line" ]; do printf '%s\n' "${line//"$from"/"$to"}"; done)
+  grep -qE '^ *runbook_url: ' <<<"$out" || die "pin_runbooks: no runbook_url in the rendered alert rules"
+  bad=$(grep -E '^ *runbook_url: ' <<<"$out" | sed -E 's/^ *runbook_url: *"?//; s/"$//' | awk -v p="$to#" 'index($0, p) != 1' || true)
+  [ -z "$bad" ] || die "pin_runbooks: runbook_url(s) not pointing at $to (the committed base must be $from: the annotation nmo.medik8s.io/runbook-base of manifests/monitoring/prometheusrule.yaml): $bad"
+  grep -qF "nmo.medik8s.io/runbook-base: $to" <<<"$out" ||
+    die "pin_runbooks: the annotation nmo.medik8s.io/runbook-base is not $from in the rendered rules: it must be Cargo.toml's repository + /blob/main/$GUIDE_PATH"
+  printf '%s\n' "$out"
+}
+
 # check_release_version V: V must be MAJOR.MINOR.PATCH[-PRERELEASE] (semver.org;
 # build metadata "+..." is refused: an image tag cannot carry '+'), never
 # "latest" nor a leading "v".

@@ -4,11 +4,15 @@
 #   nmo-bundle.oci.tar, bundle/                   the OLM bundle for VERSION, images by digest
 #   install-base.yaml, install-cert-manager.yaml, install-openshift.yaml
 #                                                 `kubectl kustomize` of each variant, images by digest
+#   install-monitoring.yaml                       manifests/monitoring, its alerts' runbook_urls
+#                                                 pointing at docs/troubleshooting.md of tag vVERSION
 #   digests.txt                                   "<name> <reference> <manifest digest>" per image
 #   SHA256SUMS                                    of every other file (sha256sum -c SHA256SUMS)
 # The committed bundle/ and manifests stay at the workspace version.
 #
 # Environment: IMAGE_REGISTRY (default quay.io/nmo-rs), KUBECTL,
+# RELEASE_REPOSITORY (the runbook links' repository; default: Cargo.toml's,
+# which must not be a placeholder such as example.invalid),
 # ALLOW_DIRTY=1 to release from a work tree with uncommitted changes (the
 # images are then not reproducible from any commit; their revision label says
 # "-dirty").
@@ -22,6 +26,8 @@ step "preconditions"
 VERSION="${1:-${VERSION:-}}"
 [ -n "$VERSION" ] || die "no version: run 'make release VERSION=x.y.z' (the workspace version is $(workspace_version))"
 check_release_version "$VERSION"
+repository="${RELEASE_REPOSITORY:-$(workspace_repository)}"
+check_runbook_repository "$repository"
 ws_version="$(workspace_version)"
 if [ "$VERSION" != "$ws_version" ]; then
   log "WARNING: VERSION=$VERSION but Cargo.toml says $ws_version: the binaries' --version reports $ws_version;"
@@ -100,6 +106,13 @@ for variant in base overlays/cert-manager overlays/openshift; do
   log "$out"
 done
 rm -rf "$work"
+
+step "alert rules linking to the guide of v$VERSION"
+from="$(runbook_base "$(workspace_repository)" main)"
+to="$(runbook_base "$repository" "v$VERSION")"
+"$kubectl" kustomize "$REPO_ROOT/manifests/monitoring" | pin_runbooks "$from" "$to" >"$dist/install-monitoring.yaml" ||
+  die "rendering manifests/monitoring with its runbook links at $to failed (message above)"
+log "$dist/install-monitoring.yaml (runbooks: $to)"
 
 step "SHA256SUMS"
 (cd "$dist" && find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | xargs -d '\n' sha256sum >SHA256SUMS)

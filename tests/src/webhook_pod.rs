@@ -86,34 +86,40 @@ pub async fn register_url(client: &Client, group: &str, port: u16, ca_bundle: &s
 pub async fn register_named(client: &Client, group: &str, name: &str, port: u16, ca_bundle: &str) {
     let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
         "metadata": {"name": group, "labels": {GROUP_KEY: group}},
-        "webhooks": [{
-            "name": name,
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "timeoutSeconds": 10,
-            "clientConfig": {
-                "url": format!("https://127.0.0.1:{port}{WEBHOOK_PATH}"),
-                "caBundle": ca_bundle,
-            },
-            "rules": [{
-                "apiGroups": ["nodemaintenance.medik8s.io"],
-                "apiVersions": ["v1beta1"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["nodemaintenances"],
-            }],
-            // Webhook configurations are cluster-wide: only this test's objects.
-            "matchConditions": [{
-                "name": "this-test-only",
-                "expression": format!("object.metadata.name.startsWith('{group}')"),
-            }],
-        }]
+        "webhooks": [test_webhook(group, name, port, ca_bundle)]
     }))
     .expect("ValidatingWebhookConfiguration JSON");
     Api::<ValidatingWebhookConfiguration>::all(client.clone())
         .create(&PostParams::default(), &vwc)
         .await
         .expect("ValidatingWebhookConfiguration created");
+}
+
+/// One webhook entry of a configuration: `name`, calling 127.0.0.1:`port`,
+/// for the NodeMaintenances of test group `group` only, failurePolicy Fail.
+pub fn test_webhook(group: &str, name: &str, port: u16, ca_bundle: &str) -> serde_json::Value {
+    json!({
+        "name": name,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "timeoutSeconds": 10,
+        "clientConfig": {
+            "url": format!("https://127.0.0.1:{port}{WEBHOOK_PATH}"),
+            "caBundle": ca_bundle,
+        },
+        "rules": [{
+            "apiGroups": ["nodemaintenance.medik8s.io"],
+            "apiVersions": ["v1beta1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["nodemaintenances"],
+        }],
+        // Webhook configurations are cluster-wide: only this test's objects.
+        "matchConditions": [{
+            "name": "this-test-only",
+            "expression": format!("object.metadata.name.startsWith('{group}')"),
+        }],
+    })
 }
 
 /// Remove what [`register_url`] registered for `group` (best effort).

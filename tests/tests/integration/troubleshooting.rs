@@ -25,6 +25,11 @@
 //! the guide no longer uses, a `console` block without a marker, and a
 //! marker without a `console` block. The alerts' `runbook_url`s must point at
 //! sections of the guide (`every_alert_links_to_a_section_of_the_guide`).
+//! Module `commands` reads the guide's commands without a cluster: install
+//! paths named, caBundle writes checked, liveness by reconciles, variables
+//! set before use, log filters that skip non-JSON lines.
+
+mod commands;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -57,6 +62,11 @@ const RULES: &str = "manifests/monitoring/prometheusrule.yaml";
 /// The webhook's name in manifests/base/validating-webhook.yaml: what the API
 /// server's errors name, so the tests register theirs under it too.
 const WEBHOOK_NAME: &str = "vnodemaintenance.kb.io";
+/// The PrometheusRule annotation holding the guide's address.
+const RUNBOOK_BASE_KEY: &str = "nmo.medik8s.io/runbook-base";
+/// How the guide finds the webhook configuration on every install path; the
+/// scenarios narrow the list to the test's own configurations.
+const VWC_LIST: &str = "kubectl get validatingwebhookconfigurations -o json";
 /// How long one example block may run (the must-gather one reads the plane).
 const BLOCK_TIMEOUT: Duration = Duration::from_secs(300);
 /// Separates the commands' outputs in the one bash that runs a block.
@@ -607,6 +617,7 @@ scenarios! {
     "succeeded" => succeeded: setup_succeeded,
     "webhook-down" => webhook_down: setup_webhook_down,
     "webhook-tls" => webhook_tls: setup_webhook_tls,
+    "olm-names" => olm_names: setup_olm_names,
     "metrics" => metrics: setup_metrics,
     "rbac" => rbac: setup_rbac,
     "must-gather" => must_gather: setup_must_gather,
@@ -676,8 +687,13 @@ fn the_example_format_is_read_as_documented() {
     );
 }
 
-/// The `runbook_url` of every alert: the workspace's repository URL (Cargo.toml),
-/// then `/blob/main/docs/troubleshooting.md#<anchor>`, the anchor a heading of the guide.
+/// The guide's address is set once, in the PrometheusRule's annotation
+/// `nmo.medik8s.io/runbook-base`: the workspace's repository URL
+/// (Cargo.toml), then `/blob/main/docs/troubleshooting.md`. Every alert's
+/// `runbook_url` is `#<anchor>` of a heading of the guide, and
+/// manifests/monitoring/kustomization.yaml puts the base in front of it
+/// (manifests/check.sh checks the rendering; `make release` pins the base to
+/// the release's tag, tests/tools/tests/release_scripts.rs).
 #[test]
 fn every_alert_links_to_a_section_of_the_guide() {
     let cargo = std::fs::read_to_string(repo_path("Cargo.toml")).expect("Cargo.toml");
@@ -692,10 +708,24 @@ fn every_alert_links_to_a_section_of_the_guide() {
             Some(v.trim().trim_matches('"').to_string())
         })
         .expect("Cargo.toml names the workspace repository");
-    let base = format!("{repository}/blob/main/{GUIDE}#");
+    let base = format!("{repository}/blob/main/{GUIDE}");
     let anchors = heading_anchors(&read_guide());
     let rules = std::fs::read_to_string(repo_path(RULES)).expect("rule file");
     let rules: serde_yaml::Value = serde_yaml::from_str(&rules).expect("rule YAML");
+    assert_eq!(
+        rules["metadata"]["annotations"][RUNBOOK_BASE_KEY].as_str(),
+        Some(base.as_str()),
+        "{RULES}: the annotation {RUNBOOK_BASE_KEY} must be the one place of the guide's address"
+    );
+    let kustomization =
+        std::fs::read_to_string(repo_path("manifests/monitoring/kustomization.yaml"))
+            .expect("monitoring kustomization");
+    assert!(
+        kustomization.contains(&format!(
+            "fieldPath: metadata.annotations.[{RUNBOOK_BASE_KEY}]"
+        )) && kustomization.contains("annotations.runbook_url"),
+        "manifests/monitoring/kustomization.yaml must copy {RUNBOOK_BASE_KEY} into every runbook_url"
+    );
     let mut alerts = 0;
     for group in rules["spec"]["groups"].as_sequence().expect("groups") {
         for rule in group["rules"].as_sequence().expect("rules") {
@@ -706,8 +736,11 @@ fn every_alert_links_to_a_section_of_the_guide() {
             let url = rule["annotations"]["runbook_url"]
                 .as_str()
                 .unwrap_or_else(|| panic!("alert {alert} has no runbook_url annotation"));
-            let anchor = url.strip_prefix(&base).unwrap_or_else(|| {
-                panic!("alert {alert}: runbook_url {url} does not start with {base}")
+            let anchor = url.strip_prefix('#').unwrap_or_else(|| {
+                panic!(
+                    "alert {alert}: runbook_url {url} must be only `#<anchor>`: the base comes \
+                     from {RUNBOOK_BASE_KEY}"
+                )
             });
             assert!(
                 anchors.contains(anchor),
@@ -1560,8 +1593,12 @@ async fn setup_lease_lost() -> Scenario {
 /// audit after the suite fails on it), so this controller runs as a
 /// stand-in: ServiceAccount `ts-controller` in the test's namespace, bound to
 /// exactly what nmo-controller has outside medik8s-leases (ClusterRole
-/// nmo-controller, the events Role), leader election off. Its name replaces
-/// `system:serviceaccount:nmo-system:nmo-controller` in the examples.
+/// nmo-controller, the events Role, nmo-metrics-auth), leader election off.
+/// Its name replaces `system:serviceaccount:nmo-system:nmo-controller` in
+/// the examples. The second block ("Is the controller alive?") reads its
+/// `/metrics` at `localhost:8443` with a token of `nmo-metrics-debug` (made
+/// here, named after the test): the same ReconcileError repeats, lastUpdate
+/// stands still, and the reconcile count grows.
 async fn setup_lease_forbidden() -> Scenario {
     let mut env = ControllerEnv::new("ts-lease-ns", 1).await;
     if let Some(mut c) = env.ctrl.take() {
@@ -1582,6 +1619,12 @@ apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
 metadata: {{name: {g}-controller, labels: {{{GROUP_KEY}: {g}}}}}
 roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nmo-controller}}
+subjects: [{{kind: ServiceAccount, name: {sa}, namespace: {sa_ns}}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {g}-metrics-auth, labels: {{{GROUP_KEY}: {g}}}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nmo-metrics-auth}}
 subjects: [{{kind: ServiceAccount, name: {sa}, namespace: {sa_ns}}}]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
@@ -1635,9 +1678,23 @@ metadata: {{name: {lease_ns}, labels: {{{GROUP_KEY}: {g}}}}}
     })
     .await;
     let log = ctrl.proc.log.clone();
+    // "Is the controller alive?" reads this controller's /metrics.
+    let metrics = ctrl
+        .flag_port("metrics-bind-address")
+        .expect("metrics port");
+    let reader = format!("{g}-reader");
+    let reader_ca = certs::Ca::new("nmo-metrics-ca", Duration::from_secs(3600)).expect("CA");
+    nmo_tests::scrape::MetricsReader::create(&client, &reader, reader_ca.cert_pem().as_bytes())
+        .await
+        .expect("metrics reader");
+    wait_metrics_access(client.clone(), "nmo-system".into(), reader.clone())
+        .await
+        .expect("reader allowed");
     let mut sc = Scenario::new(&g)
         .alias("<nm>", &nm)
         .alias("<node>", &node)
+        .alias("nmo-metrics-debug", &reader)
+        .alias("localhost:8443", format!("127.0.0.1:{metrics}"))
         .alias("<lease-namespace>", &lease_ns)
         .alias(
             "system:serviceaccount:nmo-system:nmo-controller",
@@ -1649,12 +1706,17 @@ metadata: {{name: {lease_ns}, labels: {{{GROUP_KEY}: {g}}}}}
         );
     // Deleting it cannot finish either (the release is refused): the
     // finalizer goes by hand, then the stand-in's RBAC.
+    sc.cleanup
+        .first
+        .push(remove_metrics_reader(client.clone(), reader));
     sc.cleanup.first.push(Box::pin(async move {
         force_remove(&client, &nm).await;
         let dp = DeleteParams::default();
-        let _ = Api::<ClusterRoleBinding>::all(client.clone())
-            .delete(&format!("{g}-controller"), &dp)
-            .await;
+        for binding in ["controller", "metrics-auth"] {
+            let _ = Api::<ClusterRoleBinding>::all(client.clone())
+                .delete(&format!("{g}-{binding}"), &dp)
+                .await;
+        }
         let _ = Api::<RoleBinding>::namespaced(client.clone(), "default")
             .delete(&format!("{g}-events"), &dp)
             .await;
@@ -1963,6 +2025,7 @@ async fn setup_webhook_down() -> Scenario {
         .alias("<node>", &node)
         .alias("<node2>", &node2)
         .alias("nmo-validating-webhook", &g)
+        .alias(VWC_LIST, own_vwc_list(&g))
         .file("nm.yaml", &nm_yaml(&n2, &node2, &g, ""))
         .before_block(2, ignored)
         .before_block(3, untainted);
@@ -1976,13 +2039,25 @@ async fn setup_webhook_down() -> Scenario {
     sc
 }
 
+/// `kubectl get validatingwebhookconfigurations -o json` narrowed to the
+/// configurations of test group `group`: what the guide's lookup of the
+/// webhook configuration sees on a cluster with one install.
+fn own_vwc_list(group: &str) -> String {
+    format!("kubectl get validatingwebhookconfigurations -l {GROUP_KEY}={group} -o json")
+}
+
 /// The webhook pod runs, but the webhook configuration's caBundle is another
-/// CA's: the API server cannot verify it. Secret `nmo-webhook-cert` (its
-/// tls.crt and ca.crt, as cert-manager writes it) is in the test's
+/// CA's: the API server cannot verify it. Secret `nmo-webhook-cert` is first
+/// a base install's (`tls.crt`, `tls.key`: no `ca.crt`), in the test's
 /// namespace, which stands for nmo-system in `-n nmo-system get secret`;
-/// the webhook's /metrics is at `localhost:8443`, read with a token of
-/// ServiceAccount `nmo-metrics-debug` (made here, named after the test).
-/// Before the third block the API server uses the repaired caBundle.
+/// `ca/ca.crt` is the CA file the admin signed with. Blocks: the lookup of
+/// the configuration, the x509 diagnosis, the base install's fix (the
+/// cert-manager command refused on the base Secret, then the CA file);
+/// before the fourth, the fix took effect, the caBundle is stale again and
+/// the Secret has cert-manager's `ca.crt`: the cert-manager fix; before the
+/// fifth, creates are allowed again. The webhook's /metrics is at
+/// `localhost:8443`, read with a token of ServiceAccount `nmo-metrics-debug`
+/// (made here, named after the test).
 async fn setup_webhook_tls() -> Scenario {
     let client = nmo_tests::admin_client()
         .await
@@ -2013,13 +2088,16 @@ async fn setup_webhook_tls() -> Scenario {
     )
     .await
     .expect("x509 errors");
-    let tls_crt = std::fs::read_to_string(wh.cert_dir.join("tls.crt")).expect("tls.crt");
+    let read = |f: &str| std::fs::read_to_string(wh.cert_dir.join(f)).expect("certificate file");
+    // As `kubectl create secret tls` makes it: no ca.crt.
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "nmo-webhook-cert"},
-        "stringData": {"tls.crt": tls_crt, "ca.crt": wh.ca.cert_pem()}
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": read("tls.crt"), "tls.key": read("tls.key")}
     }))
     .expect("Secret JSON");
-    Api::<Secret>::namespaced(client.clone(), &bed.namespace)
+    let secrets = Api::<Secret>::namespaced(client.clone(), &bed.namespace);
+    secrets
         .create(&PostParams::default(), &secret)
         .await
         .expect("Secret");
@@ -2030,6 +2108,14 @@ async fn setup_webhook_tls() -> Scenario {
     wait_metrics_access(client.clone(), "nmo-system".into(), reader.clone())
         .await
         .expect("reader allowed");
+    let cert_manager = as_cert_manager(
+        client.clone(),
+        g.clone(),
+        node.clone(),
+        secrets,
+        stale.cert_pem().to_string(),
+        wh.ca.cert_pem().to_string(),
+    );
     let repaired = {
         let (client, g, node) = (client.clone(), g.clone(), node.clone());
         async move {
@@ -2037,9 +2123,12 @@ async fn setup_webhook_tls() -> Scenario {
         }
     };
     let nm = format!("{g}-kernel");
-    let mut sc = Scenario::new(&g)
+    let mut sc = Scenario::new(&g);
+    std::fs::create_dir_all(sc.cwd.join("ca")).expect("the CA directory");
+    sc = sc
         .alias("<nm>", &nm)
         .alias("nmo-validating-webhook", &g)
+        .alias(VWC_LIST, own_vwc_list(&g))
         .alias(
             "-n nmo-system get secret",
             format!("-n {} get secret", bed.namespace),
@@ -2047,17 +2136,121 @@ async fn setup_webhook_tls() -> Scenario {
         .alias("nmo-metrics-debug", &reader)
         .alias("localhost:8443", format!("127.0.0.1:{}", wh.metrics))
         .file("nm.yaml", &nm_yaml(&nm, &node, &g, ""))
-        .before_block(2, repaired);
+        .file("ca/ca.crt", wh.ca.cert_pem())
+        .before_block(3, cert_manager)
+        .before_block(4, repaired);
     sc.cleanup.first.push(remove_metrics_reader(client, reader));
     sc.cleanup.groups.push((g, vec![bed.namespace.clone()]));
     sc.cleanup.procs.push(wh.proc);
     sc
 }
 
+/// Between the base install's fix and cert-manager's: the base fix took
+/// effect (creates allowed), then the caBundle of `group`'s configuration is
+/// `stale_pem` again (x509 errors), and the Secret gets `ca.crt` =
+/// `ca_pem`, as cert-manager writes it.
+async fn as_cert_manager(
+    client: Client,
+    group: String,
+    node: String,
+    secrets: Api<Secret>,
+    stale_pem: String,
+    ca_pem: String,
+) -> anyhow::Result<()> {
+    wait_create_answer(
+        &client,
+        &group,
+        &node,
+        "the base install's fix to work",
+        |r| r.is_ok(),
+    )
+    .await?;
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let mut vwc = configs.get(&group).await?;
+    for w in vwc.webhooks.iter_mut().flatten() {
+        w.client_config.ca_bundle = Some(k8s_openapi::ByteString(stale_pem.clone().into_bytes()));
+    }
+    configs
+        .replace(&group, &PostParams::default(), &vwc)
+        .await?;
+    wait_create_answer(
+        &client,
+        &group,
+        &node,
+        "x509 errors again",
+        |r| matches!(r, Err((_, m)) if m.contains("x509")),
+    )
+    .await?;
+    secrets
+        .patch(
+            "nmo-webhook-cert",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"ca.crt": ca_pem}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The webhook configuration as OLM writes it for the bundle's
+/// `webhookdefinitions` (tests/src/olm.rs reads the same CSV): named
+/// `vnodemaintenance.kb.io-<suffix>` by `generateName`, labelled with its
+/// owner and `olm.webhook-description-generate-name`, its one webhook named
+/// `vnodemaintenance.kb.io`. It calls nothing (nothing listens, failurePolicy
+/// Ignore, only this test's objects): only its names are under test.
+async fn setup_olm_names() -> Scenario {
+    let client = nmo_tests::admin_client()
+        .await
+        .expect("local control plane");
+    let g = nmo_tests::unique("ts-olm");
+    let port = nmo_tests::process::free_port().expect("a free port");
+    let csv = nmo_tests::olm::read_csv().expect("the bundle's CSV");
+    let csv_name = csv["metadata"]["name"]
+        .as_str()
+        .unwrap_or("node-maintenance-operator-rs");
+    let definition = &csv["spec"]["webhookdefinitions"][0];
+    let generate_name = definition["generateName"].as_str().unwrap_or(WEBHOOK_NAME);
+    assert_eq!(
+        generate_name, WEBHOOK_NAME,
+        "the bundle's webhook is no longer {WEBHOOK_NAME}"
+    );
+    let mut webhook = nmo_tests::webhook_pod::test_webhook(&g, generate_name, port, "");
+    webhook["failurePolicy"] = json!("Ignore");
+    webhook["timeoutSeconds"] = json!(1);
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {
+            "generateName": format!("{generate_name}-"),
+            "labels": {
+                GROUP_KEY: g,
+                "olm.owner": csv_name,
+                "olm.owner.kind": "ClusterServiceVersion",
+                "olm.owner.namespace": "nmo-system",
+                "olm.webhook-description-generate-name": generate_name,
+            }
+        },
+        "webhooks": [webhook]
+    }))
+    .expect("ValidatingWebhookConfiguration JSON");
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &vwc)
+        .await
+        .expect("OLM-named ValidatingWebhookConfiguration created");
+    let mut sc = Scenario::new(&g).alias(VWC_LIST, own_vwc_list(&g));
+    sc.cleanup.first.push(Box::pin(async move {
+        let _ = Api::<ValidatingWebhookConfiguration>::all(client)
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels(&format!("{GROUP_KEY}={g}")),
+            )
+            .await;
+    }));
+    sc
+}
+
 /// The controller's secure /metrics, as a human reads it (and its leader
-/// Lease, the first block): the guide creates ServiceAccount
+/// Lease, the second block): the guide creates ServiceAccount
 /// `nmo-metrics-debug` (named after the test here) and its binding in the
-/// second block; before the third the authorizer knows the binding. `localhost:8443` is where the test's controller serves /metrics;
+/// first block ("A reader for /metrics"); before the third the authorizer
+/// knows the binding. `localhost:8443` is where the test's controller serves /metrics;
 /// its leader Lease lives in the test's copy of nmo-system (`-n nmo-system
 /// get lease`). `<nm>` has drained `<node>`.
 async fn setup_metrics() -> Scenario {
