@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 CRD_FILE := manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml
 
-.PHONY: help setup check-setup build test unit-test integration-test lint fmt crds cluster-up cluster-down deploy-local undeploy-local demo bench bench-scale images bundle check-bundle release
+.PHONY: help setup check-setup build test unit-test integration-test lint fmt crds cluster-up cluster-down companions deploy-local undeploy-local demo bench bench-scale images bundle check-bundle release
 
 help: ## Show the targets and what they do
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -42,7 +42,10 @@ crds: ## Regenerate the CRD in manifests/ from the Rust types
 cluster-up: setup ## Build (cached) and start the local control plane; kubeconfig in .cluster/kubeconfig
 	bash tests/cluster/up.sh
 
-cluster-down: ## Stop every process of the local control plane
+companions: setup ## cert-manager and Prometheus from their Go modules (cached), started against the local plane; Prometheus' URL in .cluster/prometheus.url
+	bash tests/companions/up.sh
+
+cluster-down: ## Stop every process of the local control plane (and the companions)
 	bash tests/cluster/down.sh
 
 deploy-local: setup ## Build the images and run webhook + controller from them, with manifests/base's arguments, against the local cluster

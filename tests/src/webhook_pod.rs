@@ -136,6 +136,9 @@ pub async fn unregister(client: &Client, group: &str) {
 pub struct TestWebhook {
     pub proc: Running,
     pub tls_addr: SocketAddr,
+    /// Where its /metrics listens (plain HTTP unless `--metrics-secure=true`
+    /// is among the extra arguments).
+    pub metrics_port: u16,
     pub ca: certs::Ca,
 }
 
@@ -170,9 +173,11 @@ impl TestWebhook {
             .expect("webhook started");
         pod.wait_ready(LONG).await.expect("webhook Ready");
         let port = pod.flag_port("webhook-bind-address").expect("mapped port");
+        let metrics_port = pod.flag_port("metrics-bind-address").expect("mapped port");
         TestWebhook {
             proc: pod.proc,
             tls_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+            metrics_port,
             ca,
         }
     }

@@ -1,0 +1,235 @@
+//! The local Prometheus of `make companions` (tests/companions/up.sh), set up
+//! from manifests/monitoring as rendered, against the services run as their
+//! Deployments: both targets are scraped over HTTPS with the token of the
+//! ServiceAccount the nmo-metrics-reader binding names; a maintenance that
+//! really fails makes NodeMaintenanceFailed fire; every query of the Grafana
+//! dashboard answers for a running maintenance; a stopped webhook makes
+//! NodeMaintenanceWebhookDown fire. (The local Prometheus holds every alert's
+//! `for:` at a few seconds; promtool's rule tests check the real ones.)
+//!
+//! One test: the targets files and the alerts are the plane's, not a test's.
+
+use std::time::Duration;
+
+use kube::api::DeleteParams;
+use nmo_tests::companions::{self, prometheus_get, query, set_targets};
+use nmo_tests::controller_env::ControllerEnv;
+use nmo_tests::wait::{Poll, until};
+use nmo_tests::webhook_pod::TestWebhook;
+use serde_json::Value;
+use shared::MaintenancePhase;
+
+const NS: &str = "nmo-system";
+const LONG: Duration = Duration::from_secs(90);
+const WEBHOOK_JOB: &str = "nmo-webhook-metrics";
+const CONTROLLER_JOB: &str = "nmo-controller-metrics";
+
+/// The health and last error Prometheus reports for `job`'s targets.
+async fn target_health(job: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let data = prometheus_get("/api/v1/targets?state=active").await?;
+    Ok(data["activeTargets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["labels"]["job"] == job)
+        .map(|t| {
+            (
+                t["health"].as_str().unwrap_or("?").to_string(),
+                t["lastError"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect())
+}
+
+async fn wait_up(job: &str) {
+    until(&format!("Prometheus to scrape {job}: up"), LONG, || async {
+        let h = target_health(job).await?;
+        Ok(if !h.is_empty() && h.iter().all(|(s, _)| s == "up") {
+            Poll::Ready(())
+        } else {
+            Poll::Pending(format!("{h:?}"))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// Wait until alert `name` is firing with every label of `labels`.
+async fn wait_firing(name: &str, labels: &[(&str, &str)]) -> Value {
+    until(
+        &format!("alert {name} {labels:?} firing in Prometheus"),
+        LONG,
+        || async {
+            let data = prometheus_get("/api/v1/alerts").await?;
+            let all: Vec<Value> = data["alerts"].as_array().cloned().unwrap_or_default();
+            let mine = all.iter().find(|a| {
+                a["labels"]["alertname"] == name
+                    && labels.iter().all(|(k, v)| a["labels"][*k] == *v)
+                    && a["state"] == "firing"
+            });
+            Ok(match mine {
+                Some(a) => Poll::Ready(a.clone()),
+                None => Poll::Pending(format!(
+                    "alerts: {:?}",
+                    all.iter()
+                        .map(|a| format!("{} {}", a["labels"]["alertname"], a["state"]))
+                        .collect::<Vec<_>>()
+                )),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// Wait until no alert `name` is pending or firing.
+async fn wait_quiet(name: &str) {
+    until(&format!("alert {name} to be quiet"), LONG, || async {
+        let data = prometheus_get("/api/v1/alerts").await?;
+        let states: Vec<String> = data["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["labels"]["alertname"] == name)
+            .map(|a| a["state"].as_str().unwrap_or("?").to_string())
+            .collect();
+        Ok(if states.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending(format!("{name}: {states:?}"))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// Every query of manifests/monitoring/nmo-dashboard.json, with Grafana's
+/// `$__rate_interval` as it would be for this scrape interval.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let path = nmo_tests::repo_root().join("manifests/monitoring/nmo-dashboard.json");
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("dashboard"))
+        .expect("dashboard JSON");
+    let mut out = Vec::new();
+    fn walk(panels: &Value, out: &mut Vec<(String, String)>) {
+        for p in panels.as_array().into_iter().flatten() {
+            walk(&p["panels"], out);
+            for t in p["targets"].as_array().into_iter().flatten() {
+                if let Some(e) = t["expr"].as_str() {
+                    let title = p["title"].as_str().unwrap_or("?").to_string();
+                    out.push((title, e.replace("$__rate_interval", "1m")));
+                }
+            }
+        }
+    }
+    walk(&d["panels"], &mut out);
+    out
+}
+
+/// Whether a query answer has at least one number (NaN is a panel with no data).
+fn has_data(result: &[Value]) -> bool {
+    result.iter().any(|r| {
+        r["value"][1]
+            .as_str()
+            .and_then(|v| v.parse::<f64>().ok())
+            .is_some_and(|v| !v.is_nan())
+    })
+}
+
+#[tokio::test]
+async fn scraped_as_the_servicemonitors_say_alerts_fire_and_the_dashboard_answers() {
+    companions::prometheus_url().unwrap_or_else(|e| panic!("{e:#}"));
+    let env = ControllerEnv::new("prom", 0).await;
+    let client = env.client();
+    let g = env.bed.group.clone();
+    let ctrl_port = env
+        .ctrl
+        .as_ref()
+        .expect("controller")
+        .flag_port("metrics-bind-address")
+        .expect("metrics port");
+    let ctrl_pod = env
+        .ctrl
+        .as_ref()
+        .map(|p| p.name.clone())
+        .unwrap_or_default();
+    set_targets(
+        NS,
+        CONTROLLER_JOB,
+        "https",
+        &[format!("127.0.0.1:{ctrl_port}")],
+        &[ctrl_pod],
+    )
+    .expect("controller targets");
+
+    // 1. A maintenance that really fails: its node does not exist.
+    let failed = env.n("gone");
+    env.create_nm(&failed, &format!("{g}-ghost")).await;
+    env.wait_phase(&failed, MaintenancePhase::Failed).await;
+
+    // 2. The webhook, HTTPS metrics as the manifest has them, registered for this test.
+    let mut wh = TestWebhook::start(&client, &g, &["--metrics-secure=true"]).await;
+    wh.register(&client, &g).await;
+    set_targets(
+        NS,
+        WEBHOOK_JOB,
+        "https",
+        &[format!("127.0.0.1:{}", wh.metrics_port)],
+        &[wh.proc.name.clone()],
+    )
+    .expect("webhook targets");
+    wait_up(CONTROLLER_JOB).await;
+    wait_up(WEBHOOK_JOB).await;
+    eprintln!("Prometheus scrapes {CONTROLLER_JOB} and {WEBHOOK_JOB}: up");
+    // Both targets up: the Down alerts (firing while nothing was scraped) go quiet.
+    wait_quiet("NodeMaintenanceWebhookDown").await;
+    wait_quiet("NodeMaintenanceControllerDown").await;
+
+    let alert = wait_firing("NodeMaintenanceFailed", &[("name", &failed)]).await;
+    eprintln!("NodeMaintenanceFailed firing: {}", alert["labels"]);
+
+    // 3. A maintenance that runs: a pod to evict, the create reviewed by the webhook.
+    let node = env.target().await;
+    env.bed.deployment("app", 2).await.expect("workload");
+    env.wait_pods("2 pods on the target", |by| {
+        by.get(&node).is_some_and(|p| p.len() == 2)
+    })
+    .await;
+    let running = env.n("run");
+    env.create_nm(&running, &node).await;
+    env.wait_phase(&running, MaintenancePhase::Succeeded).await;
+    let queries = dashboard_queries();
+    assert!(
+        queries.len() >= 15,
+        "only {} queries in the dashboard",
+        queries.len()
+    );
+    until("every dashboard query to answer", LONG, || async {
+        let mut empty = Vec::new();
+        for (title, q) in &queries {
+            if !has_data(&query(q).await?) {
+                empty.push(format!("{title}: {q}"));
+            }
+        }
+        Ok(if empty.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending(format!("{} without data: {empty:#?}", empty.len()))
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("all {} dashboard queries answer", queries.len());
+
+    // 4. The webhook stops: WebhookDown fires (no kube-state-metrics here).
+    wh.proc.kill();
+    let down = wait_firing("NodeMaintenanceWebhookDown", &[]).await;
+    eprintln!("NodeMaintenanceWebhookDown firing: {}", down["labels"]);
+
+    set_targets(NS, WEBHOOK_JOB, "https", &[], &[]).expect("targets");
+    set_targets(NS, CONTROLLER_JOB, "https", &[], &[]).expect("targets");
+    nmo_tests::webhook_pod::unregister(&client, &g).await;
+    for nm in [&failed, &running] {
+        let _ = env.nms().delete(nm, &DeleteParams::default()).await;
+    }
+    env.teardown().await;
+}
