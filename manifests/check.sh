@@ -137,6 +137,24 @@ for a in NodeMaintenanceFailed NodeMaintenanceStuck NodeMaintenanceWebhookDown W
     has "$mon" "alert: $a$" "monitoring: alert $a missing"
 done
 has "$mon" 'grafana_dashboard: "1"$' "monitoring: dashboard ConfigMap label missing"
+
+# The reader bindings for the stacks people run (monitoring/readers/*): each
+# component, used as its comment says, binds nmo-metrics-reader to that
+# stack's Prometheus ServiceAccount(s).
+for r in openshift-monitoring:prometheus-k8s:openshift-monitoring \
+    openshift-monitoring:prometheus-user-workload:openshift-user-workload-monitoring \
+    kube-prometheus-stack:kube-prometheus-stack-prometheus:monitoring; do
+    IFS=: read -r comp sa ns <<<"$r"
+    k="$out/reader-$comp"
+    mkdir -p "$k"
+    printf 'resources: [%s]\ncomponents: [%s]\n' "$(realpath --relative-to="$k" "$here/monitoring")" \
+        "$(realpath --relative-to="$k" "$here/monitoring/readers/$comp")" >"$k/kustomization.yaml"
+    $KUBECTL kustomize --load-restrictor LoadRestrictionsNone "$k" >"$k/out.yaml" 2>"$k/err" ||
+        { cat "$k/err" >&2; fail "monitoring/readers/$comp does not render with manifests/monitoring"; }
+    grep -qE "name: $sa, namespace: $ns|name: $sa\$" "$k/out.yaml" && grep -q "namespace: $ns" "$k/out.yaml" ||
+        fail "monitoring/readers/$comp: ServiceAccount $ns/$sa is not bound to nmo-metrics-reader"
+    echo "ok   manifests/monitoring/readers/$comp binds $ns/$sa"
+done
 # The runbook links: the annotation's base in front of every anchor (the
 # replacement of monitoring/kustomization.yaml), as make release pins them.
 runbook_base=$(sed -nE 's/^ *nmo.medik8s.io\/runbook-base: *//p' "$mon")
