@@ -116,6 +116,15 @@ bash tests/companions/up.sh cert-manager || rc=$?
 echo "== Prometheus, live: both targets scraped as the ServiceMonitors say, alerts fire, every dashboard query answers"
 cargo test -p nmo-tests --test integration -- prometheus:: --nocapture || rc=$?
 
+echo "== Prometheus verifying the metrics certificate cert-manager issued (manifests/monitoring/tls/cert-manager)"
+if NMO_PROMETHEUS_MONITORING=tests/monitoring/cert-manager bash tests/companions/up.sh prometheus; then
+  cargo test -p nmo-tests --test integration -- --ignored --exact \
+    prometheus::verifies_the_metrics_certificate_cert_manager_issued --nocapture || rc=$?
+else
+  rc=1
+fi
+bash tests/companions/up.sh prometheus || rc=$?
+
 echo "== RBAC audit: what each service did (API server audit log) against what manifests/ grants"
 # Fails on a forbidden answer, a request the manifests do not grant, an unused
 # grant (tests/cluster/rbac-audit-allow.yaml names the few that cannot show),

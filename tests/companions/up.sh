@@ -25,7 +25,10 @@
 # Prometheus scrapes and evaluates every NMO_PROMETHEUS_INTERVAL (2s) and
 # holds every alert's `for:` at NMO_PROMETHEUS_RULE_FOR (5s); promtool's rule
 # tests (tests/monitoring/rules-test.sh) check the manifest's own durations.
-# Its base URL goes to .cluster/prometheus.url.
+# NMO_PROMETHEUS_MONITORING names another kustomization to set it up from
+# (e.g. tests/monitoring/cert-manager: the ServiceMonitors verifying the
+# metrics certificate cert-manager issued). Its base URL goes to
+# .cluster/prometheus.url.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -113,7 +116,8 @@ PROM_DIR="$CLUSTER_DIR/prometheus"
 prometheus_up() {
   local interval="${NMO_PROMETHEUS_INTERVAL:-2s}" rule_for="${NMO_PROMETHEUS_RULE_FOR:-5s}"
   mkdir -p "$PROM_DIR/targets" "$PROM_DIR/data"
-  kc kustomize "$root/manifests/monitoring" >"$PROM_DIR/monitoring.yaml"
+  local monitoring="${NMO_PROMETHEUS_MONITORING:-manifests/monitoring}"
+  kc kustomize "$root/$monitoring" >"$PROM_DIR/monitoring.yaml"
   kc kustomize "$root/manifests/base" >"$PROM_DIR/base.yaml"
   # The scraper's identity: the ServiceAccount the rendered binding names.
   local binding sa_ns sa_name
@@ -133,11 +137,33 @@ prometheus_up() {
   chmod 600 "$PROM_DIR/token"
   clog "prometheus: scrapes as ServiceAccount $sa_ns/$sa_name (bound to nmo-metrics-reader by manifests/monitoring)"
   cargo build -q -p nmo-tools --bin prometheus-config
-  "${CARGO_TARGET_DIR:-$root/target}/debug/prometheus-config" \
+  mkdir -p "$PROM_DIR/secrets"
+  local refs
+  refs="$("${CARGO_TARGET_DIR:-$root/target}/debug/prometheus-config" \
     --monitoring "$PROM_DIR/monitoring.yaml" --services "$PROM_DIR/base.yaml" \
-    --out "$PROM_DIR" --targets "$PROM_DIR/targets" \
+    --out "$PROM_DIR" --targets "$PROM_DIR/targets" --secrets-dir "$PROM_DIR/secrets" \
     --file "/var/run/secrets/kubernetes.io/serviceaccount/token=$PROM_DIR/token" \
-    --interval "$interval" --rule-for "$rule_for" --evaluation-interval "$interval" >/dev/null
+    --interval "$interval" --rule-for "$rule_for" --evaluation-interval "$interval")"
+  # Secret keys the ServiceMonitors read (a CA to verify the services by), as
+  # the Prometheus Operator mounts them: from the cluster when the Secret is
+  # there; until then a placeholder CA that verifies nothing (Prometheus
+  # re-reads the file at every scrape, so whoever issues the Secret later
+  # writes it here: the prometheus suite does).
+  local _word id path ns name key
+  while read -r _word id path; do
+    [ -n "$id" ] || continue
+    IFS=/ read -r ns name key <<<"$id"
+    if kc -n "$ns" get secret "$name" -o "jsonpath={.data.${key//./\\.}}" 2>/dev/null | base64 -d >"$path.tmp" 2>/dev/null && [ -s "$path.tmp" ]; then
+      mv "$path.tmp" "$path"
+      clog "prometheus: $id from the cluster -> $path"
+    else
+      rm -f "$path.tmp"
+      openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout /dev/null \
+        -subj "/CN=nmo-rs placeholder CA" -days 1 -out "$path" 2>/dev/null
+      clog "prometheus: $id not issued yet: a placeholder CA in $path until then"
+    fi
+  done <<<"$refs"
+  clog "prometheus: scrape jobs from $monitoring"
   "${built[PROMTOOL_BIN]}" check config "$PROM_DIR/prometheus.yml" >&2
 
   if pid="$(pid_of prometheus)"; then

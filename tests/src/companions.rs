@@ -4,12 +4,17 @@
 //! routed to 127.0.0.1 for it alone), and the local Prometheus (its HTTP API,
 //! the target files its scrape jobs read).
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -95,6 +100,121 @@ pub async fn renew(client: &Client, ns: &str, name: &str) -> anyhow::Result<()> 
         .await
         .with_context(|| format!("marking Certificate {ns}/{name} for renewal"))?;
     Ok(())
+}
+
+/// The objects of kind `kind` of the rendered `manifests/<dir>`.
+pub fn rendered(dir: &str, kind: &str) -> anyhow::Result<Vec<Value>> {
+    let yaml = crate::deployment::render(dir)?;
+    let mut out = Vec::new();
+    for d in serde_yaml::Deserializer::from_str(&yaml) {
+        let v = serde_json::to_value(serde_yaml::Value::deserialize(d)?)?;
+        if v["kind"] == kind {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+fn name_of(v: &Value) -> String {
+    v["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Apply the Issuers and Certificates of the rendered `manifests/<dir>` and
+/// wait until cert-manager has issued every Certificate; returns what it issued.
+pub async fn issue_overlay_certificates(
+    client: &Client,
+    dir: &str,
+    deadline: Duration,
+) -> anyhow::Result<String> {
+    let mut issued = String::new();
+    for kind in ["Issuer", "Certificate"] {
+        for obj in rendered(dir, kind)? {
+            issued += &format!("{kind} {} ", name_of(&obj));
+            crate::manifests::apply_yaml(client, &serde_yaml::to_string(&obj)?)
+                .await
+                .with_context(|| format!("applying {kind} {}", name_of(&obj)))?;
+        }
+    }
+    for c in rendered(dir, "Certificate")? {
+        let ns = c["metadata"]["namespace"].as_str().unwrap_or("default");
+        wait_certificate(client, ns, &name_of(&c), 0, deadline).await?;
+    }
+    Ok(issued)
+}
+
+/// Delete the Certificates of the rendered `manifests/<dir>`, their
+/// Secrets and its Issuers (best effort): the next issuance starts from nothing.
+pub async fn forget_overlay_certificates(client: &Client, dir: &str) {
+    let dp = DeleteParams::default();
+    for c in rendered(dir, "Certificate").unwrap_or_default() {
+        let ns = c["metadata"]["namespace"].as_str().unwrap_or("default");
+        let _ = certificates(client, ns).delete(&name_of(&c), &dp).await;
+        if let Some(s) = c["spec"]["secretName"].as_str() {
+            let _ = Api::<Secret>::namespaced(client.clone(), ns)
+                .delete(s, &dp)
+                .await;
+        }
+    }
+    for i in rendered(dir, "Issuer").unwrap_or_default() {
+        let ns = i["metadata"]["namespace"].as_str().unwrap_or("default");
+        let _ = issuers(client, ns).delete(&name_of(&i), &dp).await;
+    }
+}
+
+/// Copies Secret `ns/name` into `dir` in the kubelet layout whenever its
+/// data changes, until `stop` (a kubelet does this for a mounted Secret, a
+/// minute or so late; this at once), owned by the images' user when root.
+pub fn mirror_secret(client: Client, ns: &str, name: &str, dir: &Path, stop: Arc<AtomicBool>) {
+    let api: Api<Secret> = Api::namespaced(client, ns);
+    let (name, dir) = (name.to_string(), dir.to_path_buf());
+    tokio::spawn(async move {
+        let mut last: Option<BTreeMap<String, Vec<u8>>> = None;
+        while !stop.load(Ordering::SeqCst) {
+            if let Ok(s) = api.get(&name).await {
+                let data: BTreeMap<String, Vec<u8>> = s
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.0))
+                    .collect();
+                if last.as_ref() != Some(&data) && data.contains_key("tls.crt") {
+                    let files: Vec<(&str, &[u8])> = data
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_slice()))
+                        .collect();
+                    let written = if crate::deployment::is_root() {
+                        certs::write_kubelet_layout_owned(&dir, &files, 65532, 65532)
+                    } else {
+                        certs::write_kubelet_layout(&dir, &files)
+                    };
+                    if written.is_ok() {
+                        last = Some(data);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
+
+/// Wait until [`mirror_secret`] has written `dir` once.
+pub async fn wait_mounted(dir: &Path, deadline: Duration) {
+    until(
+        &format!("the Secret mirrored into {}", dir.display()),
+        deadline,
+        || async {
+            Ok(if dir.join("tls.crt").exists() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending("nothing yet".into())
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Whether the local API server reads `.cluster/hosts` as its /etc/hosts

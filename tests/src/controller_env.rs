@@ -30,6 +30,8 @@ pub struct ControllerEnv {
     pub max: usize,
     /// The kustomize directory (under manifests/) whose Deployment runs.
     pub overlay: &'static str,
+    /// Host directories standing in for the Deployment's Secret volumes.
+    pub volumes: Vec<(String, std::path::PathBuf)>,
 }
 
 /// manifests/base with the force-drain component (`drainTimeoutAction: Force`
@@ -51,7 +53,27 @@ impl ControllerEnv {
         Self::new_in(prefix, max, FORCE_DRAIN_OVERLAY).await
     }
 
+    /// A controller from the Deployment of `manifests/<overlay>`, its Secret
+    /// volumes standing at `volumes`.
+    pub async fn with_overlay(
+        prefix: &str,
+        max: usize,
+        overlay: &'static str,
+        volumes: Vec<(String, std::path::PathBuf)>,
+    ) -> ControllerEnv {
+        Self::new_with(prefix, max, overlay, volumes).await
+    }
+
     async fn new_in(prefix: &str, max: usize, overlay: &'static str) -> ControllerEnv {
+        Self::new_with(prefix, max, overlay, Vec::new()).await
+    }
+
+    async fn new_with(
+        prefix: &str,
+        max: usize,
+        overlay: &'static str,
+        volumes: Vec<(String, std::path::PathBuf)>,
+    ) -> ControllerEnv {
         let ControllerBed {
             bed,
             operator_ns,
@@ -64,6 +86,7 @@ impl ControllerEnv {
             kubeconfig,
             max,
             overlay,
+            volumes,
         };
         env.start_controller().await;
         env
@@ -81,7 +104,11 @@ impl ControllerEnv {
             "--zap-log-level=debug".to_string(),
         ];
         args.extend_from_slice(extra);
-        let pod = Launch::new(self.overlay, "nmo-controller")
+        let mut launch = Launch::new(self.overlay, "nmo-controller");
+        for (name, path) in &self.volumes {
+            launch = launch.volume(name, path);
+        }
+        let pod = launch
             .extra_args(args)
             .kubeconfig(&self.kubeconfig)
             .start(&self.bed.client)

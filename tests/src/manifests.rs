@@ -459,6 +459,18 @@ pub async fn delete_operator_namespace_copy(client: &Client, ns: &str) {
 }
 
 /// What every webhook test needs.
+/// The admin client, with what a webhook of the tests needs installed
+/// ([`install_webhook_prereqs`]); panics saying what failed.
+pub async fn admin_with_webhook_prereqs() -> Client {
+    let client = crate::admin_client()
+        .await
+        .unwrap_or_else(|e| panic!("local control plane: {e:#}"));
+    install_webhook_prereqs(&client)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    client
+}
+
 pub async fn install_webhook_prereqs(client: &Client) -> anyhow::Result<()> {
     install_prereqs(client, &["manifests/webhook/rbac.yaml"]).await
 }

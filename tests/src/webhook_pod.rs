@@ -145,6 +145,18 @@ pub struct TestWebhook {
 impl TestWebhook {
     /// Start it (`--openshift=false`) and wait for its readiness probe.
     pub async fn start(client: &Client, group: &str, extra_args: &[&str]) -> TestWebhook {
+        Self::start_in(client, group, "base", &[], extra_args).await
+    }
+
+    /// [`TestWebhook::start`] with the Deployment of `manifests/<overlay>`,
+    /// its Secret volumes other than "cert" standing at `volumes`.
+    pub async fn start_in(
+        client: &Client,
+        group: &str,
+        overlay: &str,
+        volumes: &[(&str, &std::path::Path)],
+        extra_args: &[&str],
+    ) -> TestWebhook {
         let dir = crate::repo_root().join(".cluster/test-logs");
         let cert_dir = dir.join(format!("{group}-certs"));
         let ca = certs::Ca::new("nmo-tests-webhook-ca", Duration::from_secs(3600)).expect("CA");
@@ -164,8 +176,11 @@ impl TestWebhook {
             "--metrics-secure=false".to_string(),
         ];
         args.extend(extra_args.iter().map(|a| a.to_string()));
-        let pod = Launch::new("base", "nmo-webhook")
-            .volume("cert", &cert_dir)
+        let mut launch = Launch::new(overlay, "nmo-webhook").volume("cert", &cert_dir);
+        for (name, path) in volumes {
+            launch = launch.volume(name, path);
+        }
+        let pod = launch
             .kubeconfig(&kubeconfig)
             .extra_args(args)
             .start(client)

@@ -17,7 +17,6 @@
 //! One test: the overlay's names (Issuers, Certificates, Secrets, the webhook
 //! configuration) are cluster-wide fixed names.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,12 +27,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 use nmo_tests::companions::{self, wait_certificate};
-use nmo_tests::deployment::{Launch, render};
+use nmo_tests::deployment::Launch;
 use nmo_tests::fixtures::{GROUP_KEY, TestBed};
 use nmo_tests::wait::{Poll, until};
 use nmo_tests::webhook_pod::{create_with_warnings, test_nm};
 use nmo_webhook_client::{ReviewClient, tls_config};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use shared::api::consts::WEBHOOK_PATH;
 
@@ -41,14 +39,8 @@ const NS: &str = "nmo-system";
 const OVERLAY: &str = "overlays/cert-manager";
 const LONG: Duration = Duration::from_secs(90);
 
-/// The objects of the rendered overlay, by kind.
 fn rendered(kind: &str) -> Vec<Value> {
-    let yaml = render(OVERLAY).unwrap_or_else(|e| panic!("{e:#}"));
-    serde_yaml::Deserializer::from_str(&yaml)
-        .filter_map(|d| serde_yaml::Value::deserialize(d).ok())
-        .filter_map(|v| serde_json::to_value(v).ok())
-        .filter(|v| v["kind"] == kind)
-        .collect()
+    companions::rendered(OVERLAY, kind).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// The Certificate whose Secret the webhook Deployment mounts, and the one
@@ -102,40 +94,6 @@ fn webhook_configuration(port: u16, group: &str) -> (Value, String) {
     }]);
     vwc["metadata"]["labels"][GROUP_KEY] = json!(group);
     (vwc, host)
-}
-
-/// Copies Secret `name` into `dir` in the kubelet layout whenever its data
-/// changes (as a kubelet does for a mounted Secret, without the delay).
-fn mirror_secret(client: Client, name: String, dir: std::path::PathBuf, stop: Arc<AtomicBool>) {
-    tokio::spawn(async move {
-        let api: Api<Secret> = Api::namespaced(client, NS);
-        let mut last: Option<BTreeMap<String, Vec<u8>>> = None;
-        while !stop.load(Ordering::SeqCst) {
-            if let Ok(s) = api.get(&name).await {
-                let data: BTreeMap<String, Vec<u8>> = s
-                    .data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.0))
-                    .collect();
-                if last.as_ref() != Some(&data) && data.contains_key("tls.crt") {
-                    let files: Vec<(&str, &[u8])> = data
-                        .iter()
-                        .map(|(k, v)| (k.as_str(), v.as_slice()))
-                        .collect();
-                    let written = if nmo_tests::deployment::is_root() {
-                        certs::write_kubelet_layout_owned(&dir, &files, 65532, 65532)
-                    } else {
-                        certs::write_kubelet_layout(&dir, &files)
-                    };
-                    if written.is_ok() {
-                        last = Some(data);
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
 }
 
 /// Dry-run creates through the API server, back to back, until `stop`;
@@ -313,25 +271,6 @@ async fn renew_under_load(
     (took, after.len() - before.len())
 }
 
-/// Delete the overlay's Certificates, their Secrets and its Issuers.
-async fn forget_earlier_run(client: &Client) {
-    let dp = DeleteParams::default();
-    for c in rendered("Certificate") {
-        let _ = companions::certificates(client, NS)
-            .delete(&name_of(&c), &dp)
-            .await;
-        if let Some(s) = c["spec"]["secretName"].as_str() {
-            let _ = Api::<Secret>::namespaced(client.clone(), NS)
-                .delete(s, &dp)
-                .await;
-        }
-    }
-    let issuers = companions::issuers(client, NS);
-    for i in rendered("Issuer") {
-        let _ = issuers.delete(&name_of(&i), &dp).await;
-    }
-}
-
 #[tokio::test]
 async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admission() {
     let client = nmo_tests::admin_client()
@@ -358,32 +297,21 @@ async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admissio
 
     // 1. The overlay's Issuers and Certificates, as rendered, issued by
     // cert-manager from nothing (what an earlier run left is deleted first).
-    forget_earlier_run(&client).await;
-    let mut issued = String::new();
-    for kind in ["Issuer", "Certificate"] {
-        for obj in rendered(kind) {
-            issued += &format!("{kind} {} ", name_of(&obj));
-            nmo_tests::manifests::apply_yaml(&client, &serde_yaml::to_string(&obj).expect("yaml"))
-                .await
-                .unwrap_or_else(|e| panic!("applying {kind} {}: {e:#}", name_of(&obj)));
-        }
-    }
+    companions::forget_overlay_certificates(&client, OVERLAY).await;
+    let issued = companions::issue_overlay_certificates(&client, OVERLAY, LONG)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e:#}\ncert-manager log:\n{}",
+                nmo_tests::component_log_tails(30)
+            )
+        });
     let (serving, ca_cert) = certificates();
     let serving_name = name_of(&serving);
     let secret = serving["spec"]["secretName"]
         .as_str()
         .expect("secretName")
         .to_string();
-    for c in ca_cert.iter().chain([&serving]) {
-        wait_certificate(&client, NS, &name_of(c), 0, LONG)
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "{e:#}\ncert-manager log:\n{}",
-                    nmo_tests::component_log_tails(30)
-                )
-            });
-    }
     eprintln!("cert-manager issued {issued}");
 
     // 2. The webhook, given that Secret in the kubelet's layout.
@@ -391,7 +319,16 @@ async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admissio
         .join(".cluster/test-logs")
         .join(format!("{g}-cert"));
     let stop = Arc::new(AtomicBool::new(false));
-    mirror_secret(client.clone(), secret.clone(), dir.clone(), stop.clone());
+    companions::mirror_secret(client.clone(), NS, &secret, &dir, stop.clone());
+    // The metrics certificate (another Secret volume of the overlay's Deployment).
+    let metrics_dir = dir.with_extension("metrics");
+    companions::mirror_secret(
+        client.clone(),
+        NS,
+        "nmo-metrics-cert",
+        &metrics_dir,
+        stop.clone(),
+    );
     until("the Secret in the mounted directory", LONG, || async {
         Ok(if dir.join("tls.crt").exists() {
             Poll::Ready(())
@@ -407,6 +344,7 @@ async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admissio
         .expect("webhook kubeconfig");
     let pod = Launch::new(OVERLAY, "nmo-webhook")
         .volume("cert", &dir)
+        .volume("metrics-cert", &metrics_dir)
         .kubeconfig(&kubeconfig)
         .extra_args(["--openshift=false", "--metrics-secure=false"])
         .start(&client)

@@ -54,6 +54,30 @@ async fn wait_up(job: &str) {
     .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
+/// Point the scrape jobs of both Services at these two pods.
+fn scrape(ctrl: &nmo_tests::deployment::Pod, wh: &TestWebhook) {
+    let port = ctrl
+        .flag_port("metrics-bind-address")
+        .expect("metrics port");
+    set_targets(
+        NS,
+        CONTROLLER_JOB,
+        "https",
+        &[format!("127.0.0.1:{port}")],
+        std::slice::from_ref(&ctrl.name),
+    )
+    .expect("controller targets");
+    let addr = format!("127.0.0.1:{}", wh.metrics_port);
+    set_targets(
+        NS,
+        WEBHOOK_JOB,
+        "https",
+        &[addr],
+        std::slice::from_ref(&wh.proc.name),
+    )
+    .expect("webhook targets");
+}
+
 /// Wait until alert `name` is firing with every label of `labels`.
 async fn wait_firing(name: &str, labels: &[(&str, &str)]) -> Value {
     until(
@@ -141,26 +165,6 @@ async fn scraped_as_the_servicemonitors_say_alerts_fire_and_the_dashboard_answer
     let env = ControllerEnv::new("prom", 0).await;
     let client = env.client();
     let g = env.bed.group.clone();
-    let ctrl_port = env
-        .ctrl
-        .as_ref()
-        .expect("controller")
-        .flag_port("metrics-bind-address")
-        .expect("metrics port");
-    let ctrl_pod = env
-        .ctrl
-        .as_ref()
-        .map(|p| p.name.clone())
-        .unwrap_or_default();
-    set_targets(
-        NS,
-        CONTROLLER_JOB,
-        "https",
-        &[format!("127.0.0.1:{ctrl_port}")],
-        &[ctrl_pod],
-    )
-    .expect("controller targets");
-
     // 1. A maintenance that really fails: its node does not exist.
     let failed = env.n("gone");
     env.create_nm(&failed, &format!("{g}-ghost")).await;
@@ -169,14 +173,7 @@ async fn scraped_as_the_servicemonitors_say_alerts_fire_and_the_dashboard_answer
     // 2. The webhook, HTTPS metrics as the manifest has them, registered for this test.
     let mut wh = TestWebhook::start(&client, &g, &["--metrics-secure=true"]).await;
     wh.register(&client, &g).await;
-    set_targets(
-        NS,
-        WEBHOOK_JOB,
-        "https",
-        &[format!("127.0.0.1:{}", wh.metrics_port)],
-        &[wh.proc.name.clone()],
-    )
-    .expect("webhook targets");
+    scrape(env.ctrl.as_ref().expect("controller"), &wh);
     wait_up(CONTROLLER_JOB).await;
     wait_up(WEBHOOK_JOB).await;
     eprintln!("Prometheus scrapes {CONTROLLER_JOB} and {WEBHOOK_JOB}: up");
@@ -231,5 +228,98 @@ async fn scraped_as_the_servicemonitors_say_alerts_fire_and_the_dashboard_answer
     for nm in [&failed, &running] {
         let _ = env.nms().delete(nm, &DeleteParams::default()).await;
     }
+    env.teardown().await;
+}
+
+/// Wait until every target of `job` is down with `error` in its lastError.
+async fn wait_down_with(job: &str, error: &str) {
+    until(&format!("{job} down with '{error}'"), LONG, || async {
+        let h = target_health(job).await?;
+        Ok(
+            if !h.is_empty() && h.iter().all(|(s, e)| s == "down" && e.contains(error)) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!("{h:?}"))
+            },
+        )
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// manifests/overlays/cert-manager serves /metrics with a certificate of its
+/// CA, and the ServiceMonitors with manifests/monitoring/tls/cert-manager
+/// verify it (that CA from Secret nmo-metrics-cert, the Service's DNS name).
+/// Needs the local Prometheus set up from tests/monitoring/cert-manager,
+/// which make test's stage does before it runs this test.
+#[tokio::test]
+#[ignore = "needs Prometheus set up from tests/monitoring/cert-manager: make test's stage runs it"]
+async fn verifies_the_metrics_certificate_cert_manager_issued() {
+    const OVERLAY: &str = "overlays/cert-manager";
+    let cfg_path = nmo_tests::cluster_dir().join("prometheus/prometheus.yml");
+    let cfg = std::fs::read_to_string(&cfg_path)
+        .unwrap_or_else(|e| panic!("{}: {e}", cfg_path.display()));
+    assert!(
+        cfg.contains("server_name: nmo-webhook-metrics.nmo-system.svc"),
+        "the local Prometheus does not verify the metrics certificate: run \
+         NMO_PROMETHEUS_MONITORING=tests/monitoring/cert-manager tests/companions/up.sh prometheus first"
+    );
+    let ca_file =
+        nmo_tests::cluster_dir().join("prometheus/secrets/nmo-system_nmo-metrics-cert_ca.crt");
+    let client = nmo_tests::manifests::admin_with_webhook_prereqs().await;
+    let issued = companions::issue_overlay_certificates(&client, OVERLAY, LONG)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("cert-manager issued {issued}");
+
+    // Both services from the overlay's Deployments, the Secrets mirrored in.
+    let dir = nmo_tests::cluster_dir()
+        .join("test-logs")
+        .join(nmo_tests::unique("metrics-cert"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    companions::mirror_secret(client.clone(), NS, "nmo-metrics-cert", &dir, stop.clone());
+    companions::wait_mounted(&dir, LONG).await;
+    let env = ControllerEnv::with_overlay(
+        "promtls",
+        0,
+        OVERLAY,
+        vec![("metrics-cert".into(), dir.clone())],
+    )
+    .await;
+    let g = env.bed.group.clone();
+    let wh = TestWebhook::start_in(
+        &client,
+        &g,
+        OVERLAY,
+        &[("metrics-cert", dir.as_path())],
+        &["--metrics-secure=true"],
+    )
+    .await;
+    scrape(env.ctrl.as_ref().expect("controller"), &wh);
+
+    // A CA that did not sign them: Prometheus refuses the certificates...
+    let stranger = certs::Ca::new("not-the-metrics-ca", Duration::from_secs(3600)).expect("CA");
+    std::fs::write(&ca_file, stranger.cert_pem()).expect("CA file");
+    wait_down_with(CONTROLLER_JOB, "x509").await;
+    wait_down_with(WEBHOOK_JOB, "x509").await;
+    eprintln!("with another CA: both targets down, x509 errors");
+    // ... and with the Secret's ca.crt (as the Prometheus Operator mounts it) verifies them.
+    let secret = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), NS)
+        .get("nmo-metrics-cert")
+        .await
+        .expect("Secret nmo-metrics-cert");
+    let ca = secret
+        .data
+        .and_then(|d| d.get("ca.crt").map(|b| b.0.clone()))
+        .expect("ca.crt");
+    std::fs::write(&ca_file, ca).expect("CA file");
+    wait_up(CONTROLLER_JOB).await;
+    wait_up(WEBHOOK_JOB).await;
+    eprintln!("with Secret nmo-metrics-cert's ca.crt and the Services' names: both targets up");
+
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    set_targets(NS, WEBHOOK_JOB, "https", &[], &[]).expect("targets");
+    set_targets(NS, CONTROLLER_JOB, "https", &[], &[]).expect("targets");
+    drop(wh);
     env.teardown().await;
 }

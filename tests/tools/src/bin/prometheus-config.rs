@@ -22,7 +22,8 @@
 //!
 //! `--file IN_POD_PATH=LOCAL` maps a file a pod would have (the token, a CA)
 //! to the local one; `--secret NS/NAME/KEY=LOCAL` does the same for a Secret
-//! or ConfigMap key a tlsConfig names. `--interval` and `--rule-for` override
+//! or ConfigMap key a tlsConfig names (or `--secrets-dir DIR`: each such key
+//! read from DIR/NS_NAME_KEY, listed on stdout for the caller to fill). `--interval` and `--rule-for` override
 //! scrape intervals and alert `for:` durations (printed when used): the live
 //! test stage uses them to see an alert fire in seconds; the rule file written
 //! for promtool (`rules.yaml`) always keeps the manifest's durations.
@@ -56,6 +57,11 @@ struct Args {
     /// NS/NAME/KEY=LOCAL_PATH for a Secret or ConfigMap key a tlsConfig names.
     #[arg(long = "secret")]
     secrets: Vec<String>,
+    /// Where a Secret or ConfigMap key with no --secret goes:
+    /// DIR/NS_NAME_KEY (listed on stdout as `secret NS/NAME/KEY PATH`, for the
+    /// caller to fill: the Prometheus Operator mounts them the same way).
+    #[arg(long)]
+    secrets_dir: Option<PathBuf>,
     /// Scrape interval for every job instead of the endpoints' own.
     #[arg(long)]
     interval: Option<String>,
@@ -72,6 +78,9 @@ struct Args {
 struct Paths {
     files: BTreeMap<String, String>,
     secrets: BTreeMap<String, String>,
+    secrets_dir: Option<PathBuf>,
+    /// Keys mapped into `secrets_dir`, for the caller to fill.
+    wanted: std::cell::RefCell<BTreeMap<String, String>>,
 }
 
 impl Paths {
@@ -85,6 +94,7 @@ impl Paths {
         Ok(Paths {
             files: files.iter().map(split).collect::<anyhow::Result<_>>()?,
             secrets: secrets.iter().map(split).collect::<anyhow::Result<_>>()?,
+            ..Paths::default()
         })
     }
 
@@ -103,6 +113,14 @@ impl Paths {
         let name = str_of(r, "name")?;
         let key = str_of(r, "key")?;
         let id = format!("{ns}/{name}/{key}");
+        if let Some(p) = self.secrets.get(&id) {
+            return Ok(p.clone());
+        }
+        if let Some(dir) = &self.secrets_dir {
+            let p = dir.join(format!("{ns}_{name}_{key}")).display().to_string();
+            self.wanted.borrow_mut().insert(id, p.clone());
+            return Ok(p);
+        }
         self.secrets.get(&id).cloned().with_context(|| {
             format!("{what} reads {kind} {ns}/{name} key {key}: say where it is here with --secret {id}=LOCAL_PATH")
         })
@@ -376,7 +394,8 @@ fn rule_groups(
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    let paths = Paths::parse(&args.files, &args.secrets)?;
+    let mut paths = Paths::parse(&args.files, &args.secrets)?;
+    paths.secrets_dir = args.secrets_dir.clone();
     let mon = docs(&args.monitoring)?;
     let svcs = services(&docs(&args.services)?);
     let mut jobs = Vec::new();
@@ -434,7 +453,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             live.display()
         );
     }
-    println!("{}", args.out.join("prometheus.yml").display());
+    for (id, path) in paths.wanted.borrow().iter() {
+        println!("secret {id} {path}");
+    }
     Ok(())
 }
 
@@ -513,6 +534,24 @@ mod tests {
             let chain = format!("{err:#}");
             assert!(chain.contains(want), "{ep}: {chain}");
         }
+    }
+
+    #[test]
+    fn an_unmapped_secret_key_goes_to_the_secrets_dir_and_is_listed() {
+        let sm = yaml(
+            "kind: ServiceMonitor\nmetadata: {name: s, namespace: ns}\nspec:\n  selector: {matchLabels: {app: a}}\n  endpoints:\n  - {port: https, tlsConfig: {ca: {secret: {name: other, key: ca.crt}}}}",
+        );
+        let mut p = paths();
+        p.secrets_dir = Some(PathBuf::from("/s"));
+        let jobs = scrape_jobs(&sm, &svc(), &p, Path::new("/t"), None).expect("jobs");
+        assert_eq!(
+            jobs[0]["tls_config"]["ca_file"],
+            Value::from("/s/ns_other_ca.crt")
+        );
+        assert_eq!(
+            p.wanted.borrow().get("ns/other/ca.crt").map(String::as_str),
+            Some("/s/ns_other_ca.crt")
+        );
     }
 
     #[test]
