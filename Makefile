@@ -42,7 +42,7 @@ crds: ## Regenerate the CRD in manifests/ from the Rust types
 cluster-up: setup ## Build (cached) and start the local control plane; kubeconfig in .cluster/kubeconfig
 	bash tests/cluster/up.sh
 
-companions: setup ## cert-manager and Prometheus from their Go modules (cached), started against the local plane; Prometheus' URL in .cluster/prometheus.url
+companions: setup ## cert-manager, kube-state-metrics and Prometheus from their Go modules (cached), started against the local plane; Prometheus' URL in .cluster/prometheus.url
 	bash tests/companions/up.sh
 
 cluster-down: ## Stop every process of the local control plane (and the companions)

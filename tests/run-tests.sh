@@ -22,7 +22,7 @@ fi
 echo "== local control plane"
 bash tests/cluster/up.sh
 
-echo "== companions: cert-manager and Prometheus from their Go modules, against the plane (make companions)"
+echo "== companions: cert-manager, kube-state-metrics and Prometheus from their Go modules, against the plane (make companions)"
 bash tests/companions/up.sh
 
 echo "== alert rules: promtool check rules, promtool test rules (every alert firing and silent)"
@@ -114,7 +114,8 @@ fi
 bash tests/companions/up.sh cert-manager || rc=$?
 
 echo "== Prometheus, live: both targets scraped as the ServiceMonitors say, alerts fire, every dashboard query answers"
-cargo test -p nmo-tests --test integration -- prometheus:: --nocapture || rc=$?
+# One test at a time: they share the scrape jobs' target files and the alerts.
+cargo test -p nmo-tests --test integration -- prometheus:: --nocapture --test-threads=1 || rc=$?
 
 echo "== Prometheus verifying the metrics certificate cert-manager issued (manifests/monitoring/tls/cert-manager)"
 if NMO_PROMETHEUS_MONITORING=tests/monitoring/cert-manager bash tests/companions/up.sh prometheus; then

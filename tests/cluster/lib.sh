@@ -28,7 +28,9 @@ STATE_FILE="$CLUSTER_DIR/state.env"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 # What users run beside us, started on request by tests/companions/up.sh
 # (make companions) with the same pid and log layout; stopped first.
-COMPANIONS=(cert-manager-controller cert-manager-cainjector prometheus)
+# (kube-state-metrics' process name is cut to 15 characters: stray_pids
+# compares that much.)
+COMPANIONS=(cert-manager-controller cert-manager-cainjector kube-state-metrics prometheus)
 
 log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[cluster] ERROR: %s\n' "$*" >&2; exit 1; }

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds (or reuses from the cache) the companions users run beside nmo-rs:
 # cert-manager (its controller and cainjector loops, through our small main in
-# cert-manager/main.go) and Prometheus with promtool, each from its own Go
-# module. Prints `NAME=PATH` lines on stdout (the binaries, cert-manager's
+# cert-manager/main.go), kube-state-metrics, and Prometheus with promtool,
+# each from its own Go module. Prints `NAME=PATH` lines on stdout (the binaries, cert-manager's
 # CRDs); progress goes to stderr. The cache lives outside the clone:
 #   ${NMO_CACHE:-$HOME/.cache/nmo-rs}/companions/<component>-<version>[-<main hash>]/
 #
-#   tests/companions/build.sh [cert-manager|prometheus]...   (default: both)
+#   tests/companions/build.sh [cert-manager|kube-state-metrics|prometheus]...   (default: all)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
@@ -92,11 +92,28 @@ build_prometheus() {
   echo "PROMTOOL_BIN=$dir/bin/promtool"
 }
 
-[ $# -gt 0 ] || set -- cert-manager prometheus
+# ---- kube-state-metrics (its root module builds as it is)
+build_kube_state_metrics() {
+  local dir="$cache/kube-state-metrics-$KUBE_STATE_METRICS_VERSION"
+  if [ -x "$dir/bin/kube-state-metrics" ] && "$dir/bin/kube-state-metrics" version >/dev/null 2>&1; then
+    log "kube-state-metrics $KUBE_STATE_METRICS_VERSION: cached in $dir"
+  else
+    log "kube-state-metrics $KUBE_STATE_METRICS_VERSION: cold build (minutes on 2 cores)"
+    rm -rf "$dir" && mkdir -p "$dir/bin"
+    run_logged "kube-state-metrics $KUBE_STATE_METRICS_VERSION" "$dir/build.log" \
+      env GOBIN="$dir/bin" go install -trimpath "k8s.io/kube-state-metrics/v2@$KUBE_STATE_METRICS_VERSION"
+    mv "$dir/bin/v2" "$dir/bin/kube-state-metrics" 2>/dev/null || true
+    "$dir/bin/kube-state-metrics" version >/dev/null 2>&1 || die "the built kube-state-metrics in $dir/bin does not run"
+  fi
+  echo "KUBE_STATE_METRICS_BIN=$dir/bin/kube-state-metrics"
+}
+
+[ $# -gt 0 ] || set -- cert-manager kube-state-metrics prometheus
 for c in "$@"; do
   case "$c" in
     cert-manager) build_cert_manager ;;
     prometheus) build_prometheus ;;
-    *) die "unknown companion '$c' (cert-manager or prometheus)" ;;
+    kube-state-metrics) build_kube_state_metrics ;;
+    *) die "unknown companion '$c' (cert-manager, kube-state-metrics or prometheus)" ;;
   esac
 done

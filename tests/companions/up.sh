@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # make companions: what users run beside nmo-rs, for real, against the local
 # control plane (started or reused first): cert-manager (controller and
-# cainjector, from cert-manager's Go module) and Prometheus 3 (from its Go
-# module), each a local process with its pid and log in .cluster/ like the
+# cainjector, from cert-manager's Go module), kube-state-metrics and
+# Prometheus 3 (each from its Go module), each a local process with its pid and log in .cluster/ like the
 # plane's components; tests/cluster/down.sh stops them with the plane.
 #
-#   tests/companions/up.sh [cert-manager|prometheus]...   (default: both)
+#   tests/companions/up.sh [cert-manager|kube-state-metrics|prometheus]...   (default: all)
 #
 # cert-manager: its CRDs (same module version) applied server-side, namespace
 # cert-manager (where ClusterIssuers keep their Secrets), then a throwaway
@@ -40,9 +40,12 @@ clog() { printf '[companions %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 COMPONENT_TIMEOUT="${COMPONENT_TIMEOUT:-120}"
 fix_no_proxy
 
-[ $# -gt 0 ] || set -- cert-manager prometheus
+[ $# -gt 0 ] || set -- cert-manager kube-state-metrics prometheus
 for c in "$@"; do
-  case "$c" in cert-manager | prometheus) ;; *) die "unknown companion '$c' (cert-manager or prometheus)" ;; esac
+  case "$c" in
+    cert-manager | kube-state-metrics | prometheus) ;;
+    *) die "unknown companion '$c' (cert-manager, kube-state-metrics or prometheus)" ;;
+  esac
 done
 
 clog "local control plane (tests/cluster/up.sh)"
@@ -111,10 +114,33 @@ EOF
   clog "cert-manager $CERT_MANAGER_VERSION: controller and cainjector running (logs: $LOGS/cert-manager-*.log)"
 }
 
+# ---- kube-state-metrics: Deployments and Pods, what the Down alerts consult
+# (kube_deployment_status_replicas_available), on a port of its own.
+KSM_PORT_FILE="$CLUSTER_DIR/kube-state-metrics.addr"
+kube_state_metrics_up() {
+  if pid_of kube-state-metrics >/dev/null && [ -s "$KSM_PORT_FILE" ]; then
+    clog "kube-state-metrics: running (reused) at $(cat "$KSM_PORT_FILE")"
+    return 0
+  fi
+  local port=28080
+  while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null; do
+    port=$((port + 2))
+  done
+  start_component kube-state-metrics "${built[KUBE_STATE_METRICS_BIN]}" --kubeconfig "$KUBECONFIG_ADMIN" \
+    --host 127.0.0.1 --port "$port" --telemetry-host 127.0.0.1 --telemetry-port "$((port + 1))" \
+    --resources deployments,pods
+  ksm_ready() { curl -fsS --max-time 2 -o /dev/null "http://127.0.0.1:$port/metrics" 2>/dev/null; }
+  wait_healthy kube-state-metrics ksm_ready
+  echo "127.0.0.1:$port" >"$KSM_PORT_FILE"
+  clog "kube-state-metrics $KUBE_STATE_METRICS_VERSION: http://127.0.0.1:$port/metrics (log: $LOGS/kube-state-metrics.log)"
+}
+
 # ---- Prometheus
 PROM_DIR="$CLUSTER_DIR/prometheus"
 prometheus_up() {
-  local interval="${NMO_PROMETHEUS_INTERVAL:-2s}" rule_for="${NMO_PROMETHEUS_RULE_FOR:-5s}"
+  local interval="${NMO_PROMETHEUS_INTERVAL:-2s}" rule_for="${NMO_PROMETHEUS_RULE_FOR:-5s}" ksm=""
+  # kube-state-metrics, when it runs, is scraped too (job kube-state-metrics).
+  if pid_of kube-state-metrics >/dev/null && [ -s "$KSM_PORT_FILE" ]; then ksm="$(cat "$KSM_PORT_FILE")"; fi
   mkdir -p "$PROM_DIR/targets" "$PROM_DIR/data"
   local monitoring="${NMO_PROMETHEUS_MONITORING:-manifests/monitoring}"
   kc kustomize "$root/$monitoring" >"$PROM_DIR/monitoring.yaml"
@@ -143,7 +169,8 @@ prometheus_up() {
     --monitoring "$PROM_DIR/monitoring.yaml" --services "$PROM_DIR/base.yaml" \
     --out "$PROM_DIR" --targets "$PROM_DIR/targets" --secrets-dir "$PROM_DIR/secrets" \
     --file "/var/run/secrets/kubernetes.io/serviceaccount/token=$PROM_DIR/token" \
-    --interval "$interval" --rule-for "$rule_for" --evaluation-interval "$interval")"
+    --interval "$interval" --rule-for "$rule_for" --evaluation-interval "$interval" \
+    ${ksm:+--static-job "kube-state-metrics=$ksm"})"
   # Secret keys the ServiceMonitors read (a CA to verify the services by), as
   # the Prometheus Operator mounts them: from the cluster when the Secret is
   # there; until then a placeholder CA that verifies nothing (Prometheus
@@ -187,6 +214,7 @@ prometheus_up() {
 for c in "$@"; do
   case "$c" in
     cert-manager) cert_manager_up ;;
+    kube-state-metrics) kube_state_metrics_up ;;
     prometheus) prometheus_up ;;
   esac
 done

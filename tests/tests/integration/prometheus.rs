@@ -7,7 +7,8 @@
 //! NodeMaintenanceWebhookDown fire. (The local Prometheus holds every alert's
 //! `for:` at a few seconds; promtool's rule tests check the real ones.)
 //!
-//! One test: the targets files and the alerts are the plane's, not a test's.
+//! The tests share the scrape jobs' target files and the alerts (the
+//! plane's, not a test's): make test runs them one at a time.
 
 use std::time::Duration;
 
@@ -322,4 +323,138 @@ async fn verifies_the_metrics_certificate_cert_manager_issued() {
     set_targets(NS, CONTROLLER_JOB, "https", &[], &[]).expect("targets");
     drop(wh);
     env.teardown().await;
+}
+
+/// Whether alert `name` is pending or firing now.
+async fn active(name: &str) -> bool {
+    let data = prometheus_get("/api/v1/alerts").await.expect("alerts");
+    data["alerts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|a| a["labels"]["alertname"] == name)
+}
+
+/// The base Deployments applied to the plane as rendered (kwok plays their
+/// pods), so kube-state-metrics reports them available as in a cluster.
+async fn apply_deployments(client: &kube::Client, replicas: &[(&str, i32)]) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let api: kube::Api<Deployment> = kube::Api::namespaced(client.clone(), NS);
+    for (name, n) in replicas {
+        let mut d =
+            nmo_tests::deployment::deployment("base", name).unwrap_or_else(|e| panic!("{e:#}"));
+        if let Some(spec) = d.spec.as_mut() {
+            spec.replicas = Some(*n);
+        }
+        d.metadata.managed_fields = None;
+        api.patch(
+            name,
+            &kube::api::PatchParams::apply("nmo-tests").force(),
+            &kube::api::Patch::Apply(&d),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying Deployment {NS}/{name}: {e}"));
+    }
+}
+
+/// Wait until Prometheus has kube-state-metrics' availability of `name` at `want`.
+async fn wait_available(name: &str, want: i32) {
+    let q = format!(
+        "kube_deployment_status_replicas_available{{namespace=\"{NS}\",deployment=\"{name}\"}}"
+    );
+    until(
+        &format!("kube-state-metrics: {name} available {want}"),
+        LONG,
+        || async {
+            let r = query(&q).await?;
+            let got: Vec<String> = r
+                .iter()
+                .filter_map(|v| v["value"][1].as_str().map(str::to_string))
+                .collect();
+            Ok(if got == [want.to_string()] {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!("{got:?}"))
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#} (is kube-state-metrics running? make companions)"));
+}
+
+/// A scrape refused (the token's ServiceAccount not bound to
+/// nmo-metrics-reader) while kube-state-metrics sees the pods available:
+/// NodeMaintenanceMetricsScrapeFailing, and no critical page; once the
+/// webhook Deployment has no available pod, NodeMaintenanceWebhookDown.
+#[tokio::test]
+async fn a_refused_scrape_pages_no_one_while_the_pods_are_available() {
+    companions::prometheus_url().unwrap_or_else(|e| panic!("{e:#}"));
+    let env = ControllerEnv::new("promref", 0).await;
+    let client = env.client();
+    let g = env.bed.group.clone();
+    apply_deployments(&client, &[("nmo-webhook", 2), ("nmo-controller", 1)]).await;
+    wait_available("nmo-webhook", 2).await;
+    wait_available("nmo-controller", 1).await;
+    let wh = TestWebhook::start(&client, &g, &["--metrics-secure=true"]).await;
+    scrape(env.ctrl.as_ref().expect("controller"), &wh);
+    wait_up(CONTROLLER_JOB).await;
+    wait_up(WEBHOOK_JOB).await;
+
+    // Prometheus' token becomes one the services refuse (403): it re-reads
+    // the file at every scrape.
+    let token_file = nmo_tests::cluster_dir().join("prometheus/token");
+    let bound = std::fs::read(&token_file).expect("Prometheus' token");
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "unbound-scraper"}}))
+            .expect("sa");
+    kube::Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+        client.clone(),
+        &env.bed.namespace,
+    )
+    .create(&Default::default(), &sa)
+    .await
+    .expect("ServiceAccount");
+    let refused =
+        nmo_tests::process::service_account_token(&client, &env.bed.namespace, "unbound-scraper")
+            .await
+            .expect("token");
+    std::fs::write(&token_file, refused).expect("token file");
+    wait_down_with(WEBHOOK_JOB, "403").await;
+    wait_down_with(CONTROLLER_JOB, "403").await;
+    for job in [WEBHOOK_JOB, CONTROLLER_JOB] {
+        wait_firing("NodeMaintenanceMetricsScrapeFailing", &[("job", job)]).await;
+    }
+    let pages = (
+        active("NodeMaintenanceWebhookDown").await,
+        active("NodeMaintenanceControllerDown").await,
+    );
+    eprintln!(
+        "scrapes refused (403), pods available: MetricsScrapeFailing firing for both, WebhookDown/ControllerDown active: {pages:?}"
+    );
+
+    // No available webhook pod any more: now it is a critical page.
+    apply_deployments(&client, &[("nmo-webhook", 0)]).await;
+    wait_available("nmo-webhook", 0).await;
+    let down = wait_firing("NodeMaintenanceWebhookDown", &[]).await;
+    eprintln!(
+        "no available webhook pod: {} firing",
+        down["labels"]["alertname"]
+    );
+
+    std::fs::write(&token_file, bound).expect("token file restored");
+    set_targets(NS, WEBHOOK_JOB, "https", &[], &[]).expect("targets");
+    set_targets(NS, CONTROLLER_JOB, "https", &[], &[]).expect("targets");
+    use k8s_openapi::api::apps::v1::Deployment;
+    for name in ["nmo-webhook", "nmo-controller"] {
+        let _ = kube::Api::<Deployment>::namespaced(client.clone(), NS)
+            .delete(name, &DeleteParams::background())
+            .await;
+    }
+    drop(wh);
+    env.teardown().await;
+    assert_eq!(
+        pages,
+        (false, false),
+        "a refused scrape paged while kube-state-metrics saw the pods available"
+    );
 }

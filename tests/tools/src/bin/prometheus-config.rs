@@ -62,6 +62,10 @@ struct Args {
     /// caller to fill: the Prometheus Operator mounts them the same way).
     #[arg(long)]
     secrets_dir: Option<PathBuf>,
+    /// JOB=HOST:PORT: a plain-HTTP scrape job of something the stack runs
+    /// itself (kube-state-metrics), beside the ServiceMonitors' jobs.
+    #[arg(long = "static-job")]
+    static_jobs: Vec<String>,
     /// Scrape interval for every job instead of the endpoints' own.
     #[arg(long)]
     interval: Option<String>,
@@ -345,6 +349,22 @@ fn scrape_jobs(
     Ok(jobs)
 }
 
+/// A plain-HTTP job of one target, from `JOB=HOST:PORT`.
+fn static_job(spec: &str, interval: Option<&str>) -> anyhow::Result<Value> {
+    let (name, addr) = spec
+        .split_once('=')
+        .with_context(|| format!("--static-job '{spec}' is not JOB=HOST:PORT"))?;
+    let mut target = Mapping::new();
+    target.insert("targets".into(), vec![Value::from(addr)].into());
+    let mut job = Mapping::new();
+    job.insert("job_name".into(), name.into());
+    if let Some(every) = interval {
+        job.insert("scrape_interval".into(), every.into());
+    }
+    job.insert("static_configs".into(), vec![Value::from(target)].into());
+    Ok(job.into())
+}
+
 /// The file a local run writes a Service's targets into.
 fn target_file(dir: &Path, s: &Service) -> PathBuf {
     dir.join(format!("{}_{}.json", s.namespace, s.name))
@@ -410,6 +430,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     if jobs.is_empty() {
         bail!("no ServiceMonitor in {}", args.monitoring.display());
+    }
+    for j in &args.static_jobs {
+        jobs.push(static_job(j, args.interval.as_deref())?);
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
@@ -552,6 +575,17 @@ mod tests {
             p.wanted.borrow().get("ns/other/ca.crt").map(String::as_str),
             Some("/s/ns_other_ca.crt")
         );
+    }
+
+    #[test]
+    fn a_static_job_scrapes_one_address() {
+        let j = static_job("ksm=127.0.0.1:9", Some("2s")).expect("job");
+        assert_eq!(j["job_name"], Value::from("ksm"));
+        assert_eq!(
+            j["static_configs"][0]["targets"][0],
+            Value::from("127.0.0.1:9")
+        );
+        assert!(static_job("no-address", None).is_err());
     }
 
     #[test]
