@@ -122,7 +122,8 @@ kube_state_metrics_up() {
     clog "kube-state-metrics: running (reused) at $(cat "$KSM_PORT_FILE")"
     return 0
   fi
-  local port=28080
+  # 29100 and up: clear of make deploy-local's fixed ports (18080, 28080, ...).
+  local port=29100
   while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null; do
     port=$((port + 2))
   done

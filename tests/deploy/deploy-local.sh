@@ -151,3 +151,16 @@ if [ -n "$WEBHOOK_ONLY" ]; then
 else
   bash "$CONTROLLER_SCRIPT" || die "starting the controller failed (see above); the webhook is running"
 fi
+
+# ---- the local Prometheus of make companions, if it runs, scrapes them
+targets="$CLUSTER_DIR/prometheus/targets"
+if [ -d "$targets" ] && [ -s "$CLUSTER_DIR/prometheus.url" ]; then
+  prom_targets() { # SERVICE PORT: the scrape job's targets file, as tests/src/companions.rs writes it
+    printf '[{"targets": ["127.0.0.1:%s"], "labels": {"job": "%s", "namespace": "%s", "service": "%s", "endpoint": "https"}}]\n' \
+      "$2" "$1" "$NAMESPACE" "$1" >"$targets/${NAMESPACE}_$1.json.tmp" &&
+      mv "$targets/${NAMESPACE}_$1.json.tmp" "$targets/${NAMESPACE}_$1.json"
+  }
+  prom_targets nmo-webhook-metrics "$METRICS_PORT"
+  [ -n "$WEBHOOK_ONLY" ] || prom_targets nmo-controller-metrics "${NMO_CONTROLLER_METRICS_PORT:-28080}"
+  log "the local Prometheus ($(cat "$CLUSTER_DIR/prometheus.url")) scrapes them (make companions)"
+fi
