@@ -56,11 +56,47 @@ pub async fn http_status_local(port: u16, path: &str) -> anyhow::Result<(u16, St
     Ok((code, body.to_string()))
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released).
+/// A free TCP port on 127.0.0.1 for a process to listen on, below the
+/// kernel's ephemeral range: a port from that range (what binding port 0
+/// gives) can become the source port of any outgoing connection between this
+/// check and the listener's bind, and with the companions' watches and
+/// scrapes that happened ("Address in use"). Ports go round the 2,000 below
+/// the range from a random start, one process-wide counter, so the tests of
+/// one run never get the same one; each is checked by binding it. Above the
+/// plane's (20247-26643), deploy-local's (<= 28081) and the companions'
+/// (29090-29299) ports.
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    const SPAN: u32 = 2000;
+    if ephemeral < 29300 + SPAN {
+        // An unusual range: fall back to the kernel's choice.
+        return Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port());
+    }
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        rand::random::<u32>() % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = ephemeral - SPAN + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN;
+        if let Ok(port) = u16::try_from(port) {
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
+    anyhow::bail!(
+        "no free port in {}..{ephemeral} on 127.0.0.1",
+        ephemeral - SPAN
+    )
 }
 
 /// A fresh token of ServiceAccount `namespace/sa` (TokenRequest API), valid 2 h.
