@@ -10,7 +10,9 @@
 //! slow) the logging thread writes the buffer itself and so waits for the
 //! output, as a plain write would. Lines keep their order. The cost: a process
 //! killed outright (SIGKILL, abort) loses the last few milliseconds of lines;
-//! a normal exit writes everything (the binaries hold the guard in `main`).
+//! a normal exit writes everything (the binaries hold the guard in `main`),
+//! and the panic hook writes the buffer out with the panic's line
+//! ([`crate::serve::panic_log`]).
 //!
 //! Why not tracing-appender (`non_blocking` with `lossy(false)`, which blocks
 //! rather than drops when full): measured slower, on every case. Benchmark:
@@ -89,6 +91,18 @@ impl Shared {
         }
     }
 
+    /// Write what is buffered now, on the calling thread.
+    fn flush_now(&self) {
+        let mut st = self.state.locked();
+        if st.buf.is_empty() {
+            return;
+        }
+        let out = std::mem::take(&mut st.buf);
+        let mut sink = self.sink.locked();
+        drop(st);
+        Self::write_out(&mut sink, &out);
+    }
+
     fn run_writer(&self, batch_delay: Duration) {
         let mut spare: Vec<u8> = Vec::new();
         loop {
@@ -128,6 +142,15 @@ impl Shared {
 /// The writer handed to the log subscriber; cheap to clone.
 #[derive(Clone)]
 pub struct BatchWriter(Arc<Shared>);
+
+impl BatchWriter {
+    /// Write every buffered line now, on this thread, without waiting for
+    /// the batch delay (the panic hook's line must be out before the
+    /// process may end). `Write::flush` does the same.
+    pub fn flush_now(&self) {
+        self.0.flush_now();
+    }
+}
 
 /// Stops the writer thread when dropped (or on [`WriterGuard::finish`]),
 /// after every buffered line has been written.
@@ -193,6 +216,7 @@ impl Write for BatchWriter {
     }
 
     fn flush(&mut self) -> io::Result<()> {
+        self.0.flush_now();
         Ok(())
     }
 }
@@ -312,6 +336,19 @@ mod tests {
         guard.finish();
         w.write_all(b"after\n").expect("write");
         assert_eq!(rec.text(), "before\nafter\n");
+    }
+
+    #[test]
+    fn flush_writes_the_buffer_at_once() {
+        let rec = Recorder::default();
+        // No batch would leave the writer thread within the test.
+        let (mut w, _guard) = batched(rec.clone(), Duration::from_secs(3600), 1 << 20);
+        w.write_all(b"first\n").expect("write");
+        w.write_all(b"panic line\n").expect("write");
+        w.flush().expect("flush");
+        assert_eq!(rec.text(), "first\npanic line\n");
+        w.flush_now();
+        assert_eq!(rec.writes(), 1, "nothing buffered: nothing written");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::serve::goflags::GoBoolFlag as _;
 pub use crate::serve::zap::LogFlags;
-use crate::serve::zap::{Encoder, ZapTime};
+use crate::serve::zap_format::ZapFormat;
 
 /// Flags both the controller and the webhook accept.
 #[derive(Args, Debug, Clone)]
@@ -79,21 +79,25 @@ pub use crate::serve::logwriter::WriterGuard as LogGuard;
 ///
 /// Lines are formatted where they are logged and written to stderr in batches
 /// by a writer thread (see [`crate::serve::logwriter`]): a request path does not wait
-/// on log I/O, and nothing is dropped.
+/// on log I/O, and nothing is dropped. A panic is logged as one line and
+/// written out at once ([`crate::serve::panic_log`]).
 pub fn init_logging(flags: &LogFlags) -> LogGuard {
     let (writer, guard) = crate::serve::logwriter::batched(
         std::io::stderr(),
         crate::serve::logwriter::DEFAULT_BATCH_DELAY,
         crate::serve::logwriter::DEFAULT_MAX_BUFFERED,
     );
-    // A second call (tests) keeps the first subscriber; this writer then
-    // simply goes unused.
-    let _ = log_subscriber(flags, writer).try_init();
+    // A second call (tests) keeps the first subscriber and its panic hook;
+    // this writer then simply goes unused.
+    if log_subscriber(flags, writer.clone()).try_init().is_ok() {
+        crate::serve::panic_log::install(move || writer.flush_now());
+    }
     guard
 }
 
-/// The subscriber [`init_logging`] installs (filter, encoder, timestamps),
-/// writing to `writer`; public so benchmarks log exactly as the binaries do.
+/// The subscriber [`init_logging`] installs (filter, zap's keys and
+/// encodings: [`crate::serve::zap_format`]), writing to `writer`; public so
+/// benchmarks and tests log exactly as the binaries do.
 pub fn log_subscriber<W>(flags: &LogFlags, writer: W) -> impl tracing::Subscriber + Send + Sync
 where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
@@ -110,32 +114,9 @@ where
             "{deps},nmo_controller={lvl},nmo_webhook={lvl},shared={lvl},kube_runtime={deps}"
         ))
     });
-    let base = tracing_subscriber::fmt::layer()
-        .with_target(true)
-        .with_file(settings.source_location)
-        .with_line_number(settings.source_location)
+    let layer = tracing_subscriber::fmt::layer()
+        .event_format(ZapFormat::new(&settings))
         .with_writer(writer);
-    // Each encoder and timer is its own layer type: box them to pick at run time.
-    let layer = match (settings.encoder, settings.time) {
-        (Encoder::Json, time) => {
-            let json = base
-                .json()
-                .flatten_event(true)
-                .with_current_span(false)
-                .with_span_list(false);
-            match time {
-                Some(t) => json.with_timer(ZapTime(t)).boxed(),
-                None => json.boxed(),
-            }
-        }
-        (Encoder::Console, time) => {
-            let console = base.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-            match time {
-                Some(t) => console.with_timer(ZapTime(t)).boxed(),
-                None => console.boxed(),
-            }
-        }
-    };
     tracing_subscriber::registry().with(layer.with_filter(filter))
 }
 

@@ -1,22 +1,32 @@
 //! controller-runtime's zap logging flags (`--zap-devel`, `--zap-log-level`,
 //! `--zap-encoder`, `--zap-stacktrace-level`, `--zap-time-encoding`) and what
-//! they mean for our `tracing` output.
+//! they mean for our `tracing` output. The lines themselves carry zap's keys
+//! (`level`, `ts`, `logger`, `caller`, `msg`) in every mode:
+//! [`crate::serve::zap_format`].
+//!
+//! The time without `--zap-time-encoding`, our choice: `ts` is RFC 3339, UTC,
+//! in microseconds, a JSON string (`"2024-12-04T18:46:40.123456Z"`), with or
+//! without `--zap-devel`. Why: controller-runtime since v0.15 defaults every
+//! encoder to zap's RFC 3339 (`"2024-12-04T18:46:40Z"`; its flag help still
+//! says "Defaults to 'epoch'", which was true up to v0.14: epoch seconds as a
+//! JSON number for JSON, ISO 8601 for the console). Ours is that same type
+//! and form with the fraction RFC 3339 allows: parsers of RFC 3339 (Go's
+//! `time.RFC3339`, Elasticsearch's `strict_date_optional_time`, Vector's
+//! `parse_timestamp`) read both, and lines within one second keep their
+//! order in a log store. `--zap-time-encoding=rfc3339` gives zap's exact
+//! form; `epoch` gives the v0.14 number. Every explicit encoding is written
+//! as zap writes it: epoch, millis and nanos as JSON numbers, the others as
+//! strings.
 //!
 //! Differences from zap, on purpose:
-//! - the default (no flags) stays JSON at info with RFC 3339 timestamps in
-//!   microseconds, as before these flags existed;
 //! - no Go stack traces exist here, so `--zap-stacktrace-level` is accepted
-//!   and validated; at `info` every line carries its source file and line
-//!   instead (the closest useful thing), otherwise nothing changes;
-//! - the JSON timestamp stays in the `timestamp` field and is always a JSON
-//!   string, also for the numeric encodings (epoch, millis, nanos).
-
-use std::fmt;
+//!   and validated; at `info` every line carries its source file and line in
+//!   zap's `caller` key instead (the closest useful thing), otherwise nothing
+//!   changes. A panic's line carries Rust's backtrace when `RUST_BACKTRACE`
+//!   asks for one ([`crate::serve::panic_log`]).
 
 use clap::{Args, ValueEnum};
 use tracing::Level;
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::time::FormatTime;
 
 use crate::serve::goflags::GoBoolFlag as _;
 
@@ -35,7 +45,7 @@ pub struct LogFlags {
           value_parser = LogLevel::parse)]
     pub zap_log_level: Option<LogLevel>,
 
-    /// Log encoding: json (one JSON object a line) or console (human-readable).
+    /// Log encoding: json (one JSON object a line) or console (tab-separated, for humans).
     /// Default: json (console with --zap-devel).
     #[arg(long, env = "ZAP_ENCODER", value_enum, ignore_case = true)]
     pub zap_encoder: Option<Encoder>,
@@ -46,8 +56,8 @@ pub struct LogFlags {
     #[arg(long, env = "ZAP_STACKTRACE_LEVEL", value_enum, ignore_case = true)]
     pub zap_stacktrace_level: Option<StacktraceLevel>,
 
-    /// Timestamp format: epoch (seconds), millis, nanos, iso8601, rfc3339 or
-    /// rfc3339nano. Default: RFC 3339 in microseconds, UTC.
+    /// Timestamp format of `ts`: epoch (seconds), millis, nanos, iso8601, rfc3339
+    /// or rfc3339nano. Default: RFC 3339 in microseconds, UTC.
     #[arg(long, env = "ZAP_TIME_ENCODING", value_enum, ignore_case = true)]
     pub zap_time_encoding: Option<TimeEncoding>,
 }
@@ -137,9 +147,9 @@ pub enum TimeEncoding {
 pub struct LogSettings {
     pub level: Level,
     pub encoder: Encoder,
-    /// Source file and line on every line.
+    /// Source file and line (zap's `caller`) on every line.
     pub source_location: bool,
-    /// None: RFC 3339 in microseconds (tracing's default).
+    /// None: RFC 3339 in microseconds (see the module's top comment).
     pub time: Option<TimeEncoding>,
 }
 
@@ -195,16 +205,6 @@ impl TimeEncoding {
 fn trim_fraction(s: String) -> String {
     let t = s.trim_end_matches('0').trim_end_matches('.');
     t.to_string()
-}
-
-/// A `tracing` timer that writes the current time in a zap time encoding.
-#[derive(Debug, Clone, Copy)]
-pub struct ZapTime(pub TimeEncoding);
-
-impl FormatTime for ZapTime {
-    fn format_time(&self, w: &mut Writer<'_>) -> fmt::Result {
-        w.write_str(&self.0.format(jiff::Timestamp::now().as_nanosecond()))
-    }
 }
 
 #[cfg(test)]

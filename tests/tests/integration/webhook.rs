@@ -471,16 +471,24 @@ async fn validates_creates_and_updates_through_the_api_server() {
         Ok(
             match log
                 .lines()
-                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .find(|v| v["message"] == "admission decision" && v["reason"] == "duplicate")
+                .filter_map(|l| Some((l, serde_json::from_str::<serde_json::Value>(l).ok()?)))
+                .find(|(_, v)| v["msg"] == "admission decision" && v["reason"] == "duplicate")
             {
-                Some(line) => Poll::Ready(line),
+                Some((raw, line)) => Poll::Ready((raw.to_string(), line)),
                 None => Poll::Pending(format!("log so far:\n{log}")),
             },
         )
     })
     .await
     .expect("decision log line");
+    let (raw, line) = line;
+    // zap's keys in zap's order, as upstream's log pipelines expect.
+    assert!(
+        raw.starts_with(r#"{"level":"info","ts":""#)
+            && raw.contains(r#","logger":"nmo_webhook"#)
+            && raw.contains(r#","msg":"admission decision","#),
+        "decision log line not in zap's keys and order: {raw}"
+    );
     for field in [
         "uid",
         "user",
