@@ -100,7 +100,8 @@ fn webhook_configuration(port: u16, group: &str) -> (Value, String) {
 /// every answer but success counts as a failed admission.
 struct Stream {
     ok: Arc<AtomicU64>,
-    failed: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Each failed admission: ms into the stream, and the API server's answer.
+    failed: Arc<std::sync::Mutex<Vec<(u128, String)>>>,
 }
 
 impl Stream {
@@ -120,7 +121,7 @@ impl Stream {
                     }
                     Err((code, m)) => {
                         if let Ok(mut v) = f.lock() {
-                            v.push(format!("at {} ms: {code}: {m}", t0.elapsed().as_millis()));
+                            v.push((t0.elapsed().as_millis(), format!("{code}: {m}")));
                         }
                     }
                 }
@@ -129,7 +130,7 @@ impl Stream {
         Stream { ok, failed }
     }
 
-    fn counts(&self) -> (u64, Vec<String>) {
+    fn counts(&self) -> (u64, Vec<(u128, String)>) {
         let failed = self.failed.lock().map(|v| v.clone()).unwrap_or_default();
         (self.ok.load(Ordering::SeqCst), failed)
     }
@@ -273,16 +274,11 @@ async fn renew_under_load(
 
 #[tokio::test]
 async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admission() {
-    let client = nmo_tests::admin_client()
-        .await
-        .expect("local control plane");
+    let client = nmo_tests::manifests::admin_with_webhook_prereqs().await;
     companions::certificates(&client, NS)
         .list(&Default::default())
         .await
         .expect("cert-manager's CRDs: run `make companions` (tests/companions/up.sh) first");
-    nmo_tests::manifests::install_webhook_prereqs(&client)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
     let bed = TestBed::new(client.clone(), "cm")
         .await
         .expect("test namespace");
@@ -439,11 +435,7 @@ async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admissio
     }
     stop.store(true, Ordering::SeqCst);
     let (ok, failed) = stream.counts();
-    let at = |f: Option<&String>| {
-        f.and_then(|s| s.split(' ').nth(1))
-            .unwrap_or("-")
-            .to_string()
-    };
+    let at = |f: Option<&(u128, String)>| f.map_or("-".to_string(), |(ms, _)| ms.to_string());
     eprintln!(
         "creates through the API server: {ok} admitted, {} failed (first at {} ms, last at {} ms of the stream)",
         failed.len(),

@@ -42,10 +42,11 @@ async fn target_health(job: &str) -> anyhow::Result<Vec<(String, String)>> {
         .collect())
 }
 
-async fn wait_up(job: &str) {
-    until(&format!("Prometheus to scrape {job}: up"), LONG, || async {
+/// Wait until every target of `job` satisfies `ok(health, lastError)`.
+async fn wait_targets(job: &str, what: &str, ok: impl Fn(&str, &str) -> bool) {
+    until(&format!("{job}: {what}"), LONG, || async {
         let h = target_health(job).await?;
-        Ok(if !h.is_empty() && h.iter().all(|(s, _)| s == "up") {
+        Ok(if !h.is_empty() && h.iter().all(|(s, e)| ok(s, e)) {
             Poll::Ready(())
         } else {
             Poll::Pending(format!("{h:?}"))
@@ -53,6 +54,24 @@ async fn wait_up(job: &str) {
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+async fn wait_up(job: &str) {
+    wait_targets(job, "scraped, up", |health, _| health == "up").await
+}
+
+/// Wait until every target of `job` is down with `error` in its lastError.
+async fn wait_down_with(job: &str, error: &str) {
+    wait_targets(job, &format!("down with '{error}'"), |health, e| {
+        health == "down" && e.contains(error)
+    })
+    .await
+}
+
+/// The alerts Prometheus holds now (pending and firing).
+async fn alerts() -> anyhow::Result<Vec<Value>> {
+    let data = prometheus_get("/api/v1/alerts").await?;
+    Ok(data["alerts"].as_array().cloned().unwrap_or_default())
 }
 
 /// Point the scrape jobs of both Services at these two pods.
@@ -85,8 +104,7 @@ async fn wait_firing(name: &str, labels: &[(&str, &str)]) -> Value {
         &format!("alert {name} {labels:?} firing in Prometheus"),
         LONG,
         || async {
-            let data = prometheus_get("/api/v1/alerts").await?;
-            let all: Vec<Value> = data["alerts"].as_array().cloned().unwrap_or_default();
+            let all = alerts().await?;
             let mine = all.iter().find(|a| {
                 a["labels"]["alertname"] == name
                     && labels.iter().all(|(k, v)| a["labels"][*k] == *v)
@@ -110,11 +128,9 @@ async fn wait_firing(name: &str, labels: &[(&str, &str)]) -> Value {
 /// Wait until no alert `name` is pending or firing.
 async fn wait_quiet(name: &str) {
     until(&format!("alert {name} to be quiet"), LONG, || async {
-        let data = prometheus_get("/api/v1/alerts").await?;
-        let states: Vec<String> = data["alerts"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        let states: Vec<String> = alerts()
+            .await?
+            .iter()
             .filter(|a| a["labels"]["alertname"] == name)
             .map(|a| a["state"].as_str().unwrap_or("?").to_string())
             .collect();
@@ -232,22 +248,6 @@ async fn scraped_as_the_servicemonitors_say_alerts_fire_and_the_dashboard_answer
     env.teardown().await;
 }
 
-/// Wait until every target of `job` is down with `error` in its lastError.
-async fn wait_down_with(job: &str, error: &str) {
-    until(&format!("{job} down with '{error}'"), LONG, || async {
-        let h = target_health(job).await?;
-        Ok(
-            if !h.is_empty() && h.iter().all(|(s, e)| s == "down" && e.contains(error)) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(format!("{h:?}"))
-            },
-        )
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"));
-}
-
 /// manifests/overlays/cert-manager serves /metrics with a certificate of its
 /// CA, and the ServiceMonitors with manifests/monitoring/tls/cert-manager
 /// verify it (that CA from Secret nmo-metrics-cert, the Service's DNS name).
@@ -327,11 +327,10 @@ async fn verifies_the_metrics_certificate_cert_manager_issued() {
 
 /// Whether alert `name` is pending or firing now.
 async fn active(name: &str) -> bool {
-    let data = prometheus_get("/api/v1/alerts").await.expect("alerts");
-    data["alerts"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    alerts()
+        .await
+        .expect("alerts")
+        .iter()
         .any(|a| a["labels"]["alertname"] == name)
 }
 
