@@ -74,6 +74,13 @@ pub struct Config {
     /// names the pod. Go duration syntax: 10m, 1h30m.
     #[arg(long, env = "MIGRATION_WARNING_AFTER", default_value = "10m", value_parser = positive_duration)]
     pub migration_warning_after: Duration,
+
+    /// Write the KEP-5683 node lifecycle conditions (MaintenancePlanned,
+    /// MaintenanceInProgress, DrainInProgress, Drained) on the Node of each
+    /// maintenance, merged by type; needs patch on nodes/status. A failed
+    /// write never holds a maintenance back. `=false` turns them off.
+    #[arg(long, env = "NODE_LIFECYCLE_CONDITIONS", go_bool_default = true)]
+    pub node_lifecycle_conditions: bool,
 }
 
 /// A duration in Go's syntax ("5s", "500ms", "1m30s"), above zero.

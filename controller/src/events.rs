@@ -84,6 +84,17 @@ impl Events {
         self.publish(reference(obj), ev).await;
     }
 
+    /// A Normal event whose message is built at run time (beyond upstream's
+    /// fixed set, e.g. CordonKept naming the node).
+    pub async fn note<K: Resource<DynamicType = ()> + ResourceExt>(
+        &self,
+        obj: &K,
+        reason: &'static str,
+        message: &str,
+    ) {
+        self.send(reference(obj), reason, false, message).await;
+    }
+
     /// A Warning event whose message is built at run time (beyond upstream's
     /// fixed set, e.g. DrainBlocked naming the pods in the way).
     pub async fn warn<K: Resource<DynamicType = ()> + ResourceExt>(

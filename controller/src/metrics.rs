@@ -152,6 +152,9 @@ shared::series! {
         evictions: IntCounterVec("nmo_evictions_total",
             "Eviction requests by outcome (evicted, gone, migrating, blocked, failed; deferred: not answered within the round's budget)",
             ["result"]),
+        node_condition_errors: IntCounterVec("nmo_node_condition_write_errors_total",
+            "Failed writes of the node lifecycle conditions (the maintenance went on; retried on the next pass)",
+            ["node"]),
         /// client-go's label order: code, method, host.
         rest_requests: IntCounterVec("rest_client_requests_total",
             "Number of HTTP requests, partitioned by status code, method, and host.",
@@ -290,6 +293,14 @@ impl Metrics {
             inner: svc,
             metrics: rest.clone(),
         })
+    }
+
+    /// A write of node `node`'s lifecycle conditions failed.
+    pub fn node_condition_write_failed(&self, node: &str) {
+        self.series
+            .node_condition_errors
+            .with_label_values(&[node])
+            .inc();
     }
 
     pub fn eviction(&self, result: &str) {

@@ -14,12 +14,20 @@
 //! the API server's JSON patch accepts for a missing path, as upstream's
 //! `test` of its marshalled nil list relies on. (Strict RFC 6902 would fail
 //! a `test` of a missing path, and `[]` fails there on the API server too.)
+//!
+//! A cordon kept (beyond upstream): a node already unschedulable when its
+//! maintenance takes it gets [`PRIOR_CORDON_ANNOTATION`] in the same patch,
+//! and giving it back then keeps the cordon (and the unschedulable taint
+//! that goes with it). The fact lives on the node, so a restart or a
+//! failover mid-maintenance keeps it. A give-back acts only on a node that
+//! carries a mark of a maintenance (the drain taint, the label, the
+//! annotation): a node that was never taken keeps whatever cordon it has.
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use serde_json::{Value, json};
 use shared::api::consts::{
-    EXCLUDE_FROM_REMEDIATION_LABEL, EXCLUDE_FROM_REMEDIATION_VALUE, TAINT_DRAIN_KEY, TAINT_EFFECT,
-    TAINT_UNSCHEDULABLE_KEY,
+    EXCLUDE_FROM_REMEDIATION_LABEL, EXCLUDE_FROM_REMEDIATION_VALUE, PRIOR_CORDON_ANNOTATION,
+    TAINT_DRAIN_KEY, TAINT_EFFECT, TAINT_UNSCHEDULABLE_KEY,
 };
 
 /// The two taints of a maintenance.
@@ -76,6 +84,55 @@ pub fn is_in_maintenance(node: &Node) -> bool {
         && has_label(node)
 }
 
+/// The node's prior-cordon annotation says "true".
+pub fn had_prior_cordon(node: &Node) -> bool {
+    annotation(node).is_some_and(|v| v == "true")
+}
+
+fn annotation(node: &Node) -> Option<&String> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PRIOR_CORDON_ANNOTATION))
+}
+
+/// The node carries a mark of a maintenance (ours, or upstream's during a
+/// handover): the drain taint or the label. (The annotation alone is not
+/// one: upstream, taking over mid-maintenance, gives the node back without
+/// knowing it.)
+fn marked(node: &Node) -> bool {
+    let drain_taint = taints_of(node).is_some_and(|t| {
+        t.iter()
+            .any(|t| t.key == TAINT_DRAIN_KEY && t.effect == TAINT_EFFECT)
+    });
+    let label = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(EXCLUDE_FROM_REMEDIATION_LABEL));
+    drain_taint || label
+}
+
+/// Whether giving `node` back keeps its cordon (it was cordoned before).
+pub fn keeps_cordon(node: &Node) -> bool {
+    had_prior_cordon(node) && is_cordoned(node)
+}
+
+/// Whether taking `node` now notes a cordon that was there before: it is
+/// unschedulable and no maintenance has marked it.
+pub fn notes_prior_cordon(node: &Node) -> bool {
+    !marked(node) && is_cordoned(node)
+}
+
+/// An `add` of `key: value` to the map at `/metadata/<map>`, creating the map when absent.
+fn add_to_map(exists: bool, map: &str, key: &str, value: &str) -> Value {
+    if exists {
+        json!({"op": "add", "path": format!("/metadata/{map}/{}", pointer_key(key)), "value": value})
+    } else {
+        json!({"op": "add", "path": format!("/metadata/{map}"), "value": {key: value}})
+    }
+}
+
 /// The patch that puts the node into maintenance, or None when nothing is missing.
 pub fn enter_patch(node: &Node) -> Option<Vec<Value>> {
     if is_in_maintenance(node) {
@@ -101,48 +158,71 @@ pub fn enter_patch(node: &Node) -> Option<Vec<Value>> {
         json!({"op": "add", "path": "/spec/unschedulable", "value": true}),
     ];
     if !has_label(node) {
-        if node.metadata.labels.is_some() {
-            ops.push(json!({
-                "op": "add",
-                "path": format!("/metadata/labels/{}", pointer_key(EXCLUDE_FROM_REMEDIATION_LABEL)),
-                "value": EXCLUDE_FROM_REMEDIATION_VALUE
-            }));
-        } else {
-            ops.push(json!({
-                "op": "add",
-                "path": "/metadata/labels",
-                "value": {EXCLUDE_FROM_REMEDIATION_LABEL: EXCLUDE_FROM_REMEDIATION_VALUE}
-            }));
+        let labels = node.metadata.labels.is_some();
+        ops.push(add_to_map(
+            labels,
+            "labels",
+            EXCLUDE_FROM_REMEDIATION_LABEL,
+            EXCLUDE_FROM_REMEDIATION_VALUE,
+        ));
+    }
+    // Taken afresh: the annotation says whether it was cordoned (one left
+    // from an earlier maintenance says nothing about now).
+    if !marked(node) {
+        if notes_prior_cordon(node) && !had_prior_cordon(node) {
+            let annotations = node.metadata.annotations.is_some();
+            ops.push(add_to_map(
+                annotations,
+                "annotations",
+                PRIOR_CORDON_ANNOTATION,
+                "true",
+            ));
+        } else if !is_cordoned(node) && annotation(node).is_some() {
+            ops.push(remove_annotation());
         }
     }
     Some(ops)
 }
 
-/// The patch that gives the node back: removes exactly our taints, the
-/// cordon and the label. None when none of them is there.
+fn remove_annotation() -> Value {
+    json!({"op": "remove", "path": format!("/metadata/annotations/{}", pointer_key(PRIOR_CORDON_ANNOTATION))})
+}
+
+/// The patch that gives the node back: removes exactly what the
+/// maintenance added (its taints, the cordon, the label, the annotation);
+/// with a prior cordon the cordon and its unschedulable taint stay. None
+/// when the node carries no mark of a maintenance (never taken, or given
+/// back already: a retried give-back never uncordons a kept cordon).
 pub fn exit_patch(node: &Node) -> Option<Vec<Value>> {
+    if !marked(node) && annotation(node).is_none() {
+        return None;
+    }
+    let keep_cordon = keeps_cordon(node);
     let taints: Vec<Taint> = taints_of(node).cloned().unwrap_or_default();
-    let kept: Vec<&Taint> = taints.iter().filter(|t| !is_ours(t)).collect();
+    let kept: Vec<&Taint> = taints
+        .iter()
+        .filter(|t| !is_ours(t) || (keep_cordon && t.key == TAINT_UNSCHEDULABLE_KEY))
+        .collect();
+    let mut ops = vec![test_taints_op(node)];
+    if kept.len() != taints.len() {
+        ops.push(json!({"op": "add", "path": "/spec/taints", "value": kept}));
+    }
+    if is_cordoned(node) && !keep_cordon {
+        ops.push(json!({"op": "add", "path": "/spec/unschedulable", "value": false}));
+    }
     let label = node
         .metadata
         .labels
         .as_ref()
         .is_some_and(|l| l.contains_key(EXCLUDE_FROM_REMEDIATION_LABEL));
-    if kept.len() == taints.len() && !is_cordoned(node) && !label {
-        return None;
-    }
-    let mut ops = vec![test_taints_op(node)];
-    if kept.len() != taints.len() {
-        ops.push(json!({"op": "add", "path": "/spec/taints", "value": kept}));
-    }
-    if is_cordoned(node) {
-        ops.push(json!({"op": "add", "path": "/spec/unschedulable", "value": false}));
-    }
     if label {
         ops.push(json!({
             "op": "remove",
             "path": format!("/metadata/labels/{}", pointer_key(EXCLUDE_FROM_REMEDIATION_LABEL))
         }));
+    }
+    if annotation(node).is_some() {
+        ops.push(remove_annotation());
     }
     Some(ops)
 }
@@ -151,6 +231,7 @@ pub fn exit_patch(node: &Node) -> Option<Vec<Value>> {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::NodeSpec;
+    use kube::ResourceExt as _;
 
     fn node(taints: Option<Vec<Taint>>, labels: Option<Vec<(&str, &str)>>) -> Node {
         let mut n = Node::default();
@@ -307,6 +388,114 @@ mod tests {
             });
         }
         assert!(api_server_patch(&changed, exit_patch(&during).expect("ops")).is_err());
+    }
+
+    fn cordoned(mut n: Node) -> Node {
+        if let Some(spec) = n.spec.as_mut() {
+            spec.unschedulable = Some(true);
+        }
+        n
+    }
+
+    fn annotated(n: &Node) -> Option<String> {
+        n.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PRIOR_CORDON_ANNOTATION))
+            .cloned()
+    }
+
+    #[test]
+    fn a_prior_cordon_is_noted_and_kept() {
+        // As kube-controller-manager leaves a cordoned node: the
+        // unschedulable taint with its timeAdded.
+        let lifecycle = Taint {
+            time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            )),
+            ..maintenance_taints()[0].clone()
+        };
+        let before = cordoned(node(Some(vec![foreign_taint(), lifecycle.clone()]), None));
+        assert!(notes_prior_cordon(&before));
+        let during = apply(&before, enter_patch(&before).expect("changes"));
+        assert!(is_in_maintenance(&during));
+        assert_eq!(annotated(&during).as_deref(), Some("true"));
+        assert!(!notes_prior_cordon(&during), "taken: nothing more to note");
+        assert!(keeps_cordon(&during));
+        let after = apply(&during, exit_patch(&during).expect("changes"));
+        assert!(is_cordoned(&after), "still cordoned, as before");
+        let mut taints = taints_of(&after).cloned().unwrap_or_default();
+        taints.sort_by(|a, b| a.key.cmp(&b.key));
+        assert_eq!(
+            taints,
+            [foreign_taint(), lifecycle],
+            "the cordon's taint stays, ours goes"
+        );
+        assert_eq!(
+            annotated(&after),
+            None,
+            "the note goes with the maintenance"
+        );
+        assert!(after.metadata.labels.is_none(), "label gone");
+        assert!(
+            exit_patch(&after).is_none(),
+            "a retried give-back never uncordons it"
+        );
+    }
+
+    #[test]
+    fn a_node_never_taken_keeps_its_cordon() {
+        // A maintenance that failed before taking the node gives nothing back.
+        let n = cordoned(node(Some(vec![maintenance_taints()[0].clone()]), None));
+        assert!(exit_patch(&n).is_none());
+    }
+
+    #[test]
+    fn a_stale_note_on_a_schedulable_node_is_dropped() {
+        // Left by an earlier maintenance that upstream gave back.
+        let mut before = node(None, None);
+        before.metadata.annotations =
+            Some([(PRIOR_CORDON_ANNOTATION.to_string(), "true".to_string())].into());
+        assert!(!notes_prior_cordon(&before));
+        let during = apply(&before, enter_patch(&before).expect("changes"));
+        assert_eq!(annotated(&during), None);
+        assert!(!keeps_cordon(&during));
+        let after = apply(&during, exit_patch(&during).expect("changes"));
+        assert!(!is_cordoned(&after));
+    }
+
+    #[test]
+    fn a_node_taken_over_from_upstream_is_uncordoned() {
+        // Upstream's marks, no note: the cordon is the maintenance's.
+        let before = node(None, None);
+        let mut upstream = apply(&before, enter_patch(&before).expect("changes"));
+        upstream.metadata.annotations = None;
+        assert!(enter_patch(&upstream).is_none());
+        let after = apply(&upstream, exit_patch(&upstream).expect("changes"));
+        assert_eq!(after, before);
+    }
+
+    #[test]
+    fn exclude_from_remediation_is_exactly_true() {
+        // Node Health Check skips a node only for the value "true".
+        for value in ["false", "True", "TRUE", "yes", "", "1"] {
+            let before = node(None, Some(vec![(EXCLUDE_FROM_REMEDIATION_LABEL, value)]));
+            let during = apply(&before, enter_patch(&before).expect("changes"));
+            assert_eq!(
+                during
+                    .labels()
+                    .get(EXCLUDE_FROM_REMEDIATION_LABEL)
+                    .map(String::as_str),
+                Some("true"),
+                "label value {value:?} replaced"
+            );
+            assert!(is_in_maintenance(&during), "{value:?}");
+            assert!(
+                !is_in_maintenance(&cordoned(before.clone())),
+                "{value:?} is not ours"
+            );
+        }
+        assert_eq!(EXCLUDE_FROM_REMEDIATION_VALUE, "true");
     }
 
     #[test]

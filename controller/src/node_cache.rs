@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
+use shared::api::consts::PRIOR_CORDON_ANNOTATION;
 use shared::kube::partial::NodeView;
 
 #[derive(Clone, Default)]
@@ -67,14 +68,22 @@ fn rv(node: &Node) -> Option<&str> {
 }
 
 /// A node holding only what the controller reads: name, uid, version,
-/// labels, cordon, taints.
+/// labels, the prior-cordon annotation, cordon, taints.
 fn lean_node(meta: &ObjectMeta, unschedulable: Option<bool>, taints: Option<Vec<Taint>>) -> Node {
+    let kept = meta.annotations.as_ref().and_then(|a| {
+        let v = a.get(PRIOR_CORDON_ANNOTATION)?;
+        Some(std::collections::BTreeMap::from([(
+            PRIOR_CORDON_ANNOTATION.to_string(),
+            v.clone(),
+        )]))
+    });
     Node {
         metadata: ObjectMeta {
             name: meta.name.clone(),
             uid: meta.uid.clone(),
             resource_version: meta.resource_version.clone(),
             labels: meta.labels.clone(),
+            annotations: kept,
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {

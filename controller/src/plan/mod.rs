@@ -18,6 +18,7 @@ use shared::{DrainTimeoutAction, MaintenancePhase, NodeMaintenanceStatus as Stat
 use shared::rules::slots::{self, SlotDecision};
 
 mod next;
+pub mod node_conditions;
 pub use next::{
     NodeSeen, Observed, Plan, REQUEUE_NOW, Record, Why, after_drain, after_lease_step,
     drain_deadline, drain_timeout, first_sight, lease_cause, next, owner_refs,

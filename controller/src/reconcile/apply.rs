@@ -7,11 +7,12 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use shared::api::consts::{
     EVENT_BEGIN_MAINTENANCE, EVENT_REMOVED_MAINTENANCE, EVENT_UNCORDON_NODE, FINALIZER,
+    PRIOR_CORDON_ANNOTATION,
 };
 use shared::{DrainTimeoutAction, NodeMaintenance, PodReference};
 
 use super::writes::{patch_metadata, patch_node, set_finalizers};
-use super::{Ctx, EVENT_POD_FORCE_DELETED, Error};
+use super::{Ctx, EVENT_CORDON_KEPT, EVENT_NODE_WAS_CORDONED, EVENT_POD_FORCE_DELETED, Error};
 use crate::drain::{self, LeavingPod, PodOutcome};
 use crate::node;
 use crate::node_lease::LeaseError;
@@ -109,8 +110,18 @@ async fn maintain(
         Err(record) => return Ok(*record),
     };
     if let Some(ops) = node::enter_patch(node) {
+        let prior = node::notes_prior_cordon(node);
         patch_node(ctx, &node_name, ops, "put into maintenance").await?;
-        tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, "node cordoned, tainted and excluded from remediation");
+        tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, prior_cordon = prior,
+            "node cordoned, tainted and excluded from remediation");
+        if prior {
+            let msg = format!(
+                "node {node_name} was already unschedulable before NodeMaintenance {}; it stays \
+                 cordoned when the maintenance ends (annotation {PRIOR_CORDON_ANNOTATION} on the node)",
+                nm.name_any()
+            );
+            ctx.events.note(nm, EVENT_NODE_WAS_CORDONED, &msg).await;
+        }
     }
     let (round, left) = drain_round(ctx, &node_name).await?;
     let mut forced = Vec::new();
@@ -257,8 +268,18 @@ pub(super) async fn give_back(
         // Say UncordonNode only when that changed something (a retried
         // cleanup finds the node already given back and says nothing).
         if let Some(ops) = node::exit_patch(node) {
+            let keep = node::keeps_cordon(node);
             patch_node(ctx, &node.name_any(), ops, "give back").await?;
-            ctx.events.on(node, EVENT_UNCORDON_NODE).await;
+            if keep {
+                let msg = format!(
+                    "node {node_name} given back but left unschedulable: it was cordoned before its \
+                     maintenance. Uncordon it (kubectl uncordon {node_name}) when it may take pods again"
+                );
+                tracing::info!(node = %node_name, "node given back, its prior cordon kept");
+                ctx.events.note(node, EVENT_CORDON_KEPT, &msg).await;
+            } else {
+                ctx.events.on(node, EVENT_UNCORDON_NODE).await;
+            }
         }
     }
     ctx.leases.release(node_name).await?;

@@ -42,6 +42,10 @@ pub struct Ctx {
     pub allow_force_drain: bool,
     /// Slot admissions decided here that the cache may not show yet.
     pub admissions: slots::Admissions,
+    /// `--node-lifecycle-conditions`: write KEP-5683 conditions on the nodes.
+    pub node_lifecycle_conditions: bool,
+    /// The node lifecycle conditions last written per node.
+    pub node_signals: super::NodeSignals,
 }
 
 impl Ctx {
@@ -74,6 +78,8 @@ impl Ctx {
             departures_watched: WatchedNodes::default(),
             allow_force_drain: cfg.allow_force_drain,
             admissions: slots::Admissions::default(),
+            node_lifecycle_conditions: cfg.node_lifecycle_conditions,
+            node_signals: super::NodeSignals::default(),
         }
     }
 
@@ -90,6 +96,7 @@ impl Ctx {
             .map(|nm| nm.spec.node_name.clone())
             .collect();
         self.node_cache.retire_unnamed(&named);
+        self.node_signals.retire_unnamed(&named);
         self.leases.forget_unnamed(&named);
     }
 
@@ -119,7 +126,7 @@ impl Ctx {
     /// What this process keeps in memory per maintenance or node, by store
     /// (`nmo_controller_kept_entries`): each goes back to 0 once no
     /// maintenance of this controller is left.
-    pub fn kept_entries(&self) -> [(&'static str, usize); 6] {
+    pub fn kept_entries(&self) -> [(&'static str, usize); 7] {
         [
             ("node_cache", self.node_cache.len()),
             ("own_writes", self.own_writes.len()),
@@ -127,6 +134,7 @@ impl Ctx {
             ("node_leases", self.leases.kept()),
             ("departures_watched", self.departures_watched.len()),
             ("admissions", self.admissions.len()),
+            ("node_conditions", self.node_signals.len()),
         ]
     }
 

@@ -17,6 +17,7 @@ mod ctx;
 mod error;
 mod observe;
 mod record;
+mod signals;
 mod writes;
 
 #[cfg(test)]
@@ -32,10 +33,11 @@ use shared::NodeMaintenance;
 
 pub use ctx::Ctx;
 pub use error::Error;
+pub use signals::NodeSignals;
 
 use crate::metrics::ReconcileResult;
 use crate::own_writes::Current;
-use crate::plan;
+use crate::plan::{self, node_conditions};
 
 /// When to reconcile again: `None` waits for a change (kube's
 /// `Action::await_change`), `Some(d)` comes back after `d`.
@@ -56,6 +58,12 @@ const EVENT_DRAIN_BLOCKED: &str = "DrainBlocked";
 const EVENT_POD_FORCE_DELETED: &str = "PodForceDeleted";
 /// ReconcilePanicked (Warning): the cleanup of a deleted maintenance panicked (a bug).
 const EVENT_RECONCILE_PANICKED: &str = "ReconcilePanicked";
+/// NodeWasCordoned (Normal, on the NodeMaintenance): its node was
+/// unschedulable before the maintenance took it, and will stay so after.
+const EVENT_NODE_WAS_CORDONED: &str = "NodeWasCordoned";
+/// CordonKept (Normal, on the Node): given back but left cordoned, as it
+/// was before its maintenance (in place of UncordonNode).
+const EVENT_CORDON_KEPT: &str = "CordonKept";
 /// NodeUpdateRefused (Warning): the API server refused the controller's node
 /// patch (admission policy or webhook); once per refusal, not per retry.
 const EVENT_NODE_UPDATE_REFUSED: &str = "NodeUpdateRefused";
@@ -160,9 +168,21 @@ async fn step(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
     let mut seen = observe::observe(nm, ctx).await?;
     let plan = plan::next(&seen, ctx.allow_force_drain);
     let carried_on = seen.lifecycle == plan::Lifecycle::Apply;
+    // What the node's lifecycle conditions will say, known before the
+    // plan is consumed; written once the status is.
+    let pending = seen.nm.phase() == Some(&shared::MaintenancePhase::Pending);
+    let intent = node_conditions::Intent::of(&plan, pending);
     match apply::apply(plan, &mut seen, ctx).await {
-        Ok(Some(write)) => record::record(ctx, &mut seen.nm, write).await,
-        Ok(None) => Ok(None),
+        Ok(Some(write)) => {
+            let stage = node_conditions::stage(intent, Some(&write));
+            let requeue = record::record(ctx, &mut seen.nm, write).await?;
+            signals::sync(ctx, &seen.nm, stage).await;
+            Ok(requeue)
+        }
+        Ok(None) => {
+            signals::sync(ctx, &seen.nm, node_conditions::stage(intent, None)).await;
+            Ok(None)
+        }
         // A conflict is no news for the user: the pass is decided again.
         Err(e) if e.is_conflict() || !carried_on => Err(e),
         Err(e) => {

@@ -5,6 +5,7 @@
 //! against a real API server.
 
 mod fake;
+mod node_signals;
 mod scenarios;
 
 use std::sync::Arc;
@@ -23,8 +24,11 @@ use fake::FakeApi;
 pub const PANIC_REASON: &str = "nmo-test: panic in step";
 
 /// A context whose client is the fake API's; leader election off (leading).
+/// The node lifecycle conditions are off here: the scenarios list every
+/// request a pass makes without them; `scenarios::node_conditions_*` turn
+/// them on.
 pub(super) async fn fake_ctx(api: &FakeApi) -> Arc<Ctx> {
-    fake_ctx_with(api, &[]).await
+    fake_ctx_with(api, &["--node-lifecycle-conditions=false"]).await
 }
 
 /// [`fake_ctx`] with controller flags.

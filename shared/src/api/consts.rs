@@ -21,6 +21,12 @@ pub const TAINT_EFFECT: &str = "NoSchedule";
 pub const EXCLUDE_FROM_REMEDIATION_LABEL: &str = "remediation.medik8s.io/exclude-from-remediation";
 pub const EXCLUDE_FROM_REMEDIATION_VALUE: &str = "true";
 
+/// Annotation on a node that was unschedulable before its maintenance
+/// began (value "true"): giving the node back keeps it cordoned. Kept on
+/// the node, not in memory, so a restart, a failover or a handover
+/// mid-maintenance keeps it too. (Beyond upstream, which uncordons.)
+pub const PRIOR_CORDON_ANNOTATION: &str = "nodemaintenance.medik8s.io/cordoned-before";
+
 /// Node role labels that mark a control-plane node.
 pub const ROLE_MASTER_LABEL: &str = "node-role.kubernetes.io/master";
 pub const ROLE_CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";

@@ -20,7 +20,10 @@ use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 /// Annotations some decision reads; every other one is skipped unread.
-const KEPT_ANNOTATIONS: &[&str] = &[MIRROR_POD_ANNOTATION];
+const KEPT_ANNOTATIONS: &[&str] = &[
+    MIRROR_POD_ANNOTATION,
+    crate::api::consts::PRIOR_CORDON_ANNOTATION,
+];
 
 /// Marks the API mirror of a static pod (the drain leaves those).
 pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";

@@ -248,6 +248,7 @@ async fn wait_nothing_kept(port: u16, after: &str) {
         "node_leases",
         "departures_watched",
         "admissions",
+        "node_conditions",
     ];
     until(&format!("nothing kept after {after}"), LONG, || async {
         let text = nmo_tests::process::http_get_local(port, "/metrics").await?;

@@ -28,6 +28,7 @@ mod drain_timeout;
 mod kubevirt;
 mod lease;
 mod metrics_auth;
+mod node_signals;
 mod prometheus;
 mod refused_writes;
 mod restarts;

@@ -28,6 +28,8 @@ struct State {
     version: u64,
     /// A Status (JSON) to answer every node patch with.
     refuse_node_patch: Option<String>,
+    /// Answer patches of nodes/status with 403 (no RBAC for them).
+    forbid_node_status: bool,
 }
 
 #[derive(Clone)]
@@ -100,6 +102,11 @@ impl FakeApi {
     pub fn refuse_node_patches(&self, status: &str) {
         self.state().refuse_node_patch = Some(status.to_string());
     }
+
+    /// Patches of nodes/status are forbidden from now on (403).
+    pub fn forbid_node_status(&self) {
+        self.state().forbid_node_status = true;
+    }
 }
 
 /// A node for the tests, schedulable, untainted.
@@ -142,10 +149,14 @@ async fn serve(mut handle: Handle, state: Arc<Mutex<State>>) {
         let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         let path = parts.uri.path().to_string();
         let query = parts.uri.query().unwrap_or_default().to_string();
-        let json_patch = parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/json-patch"));
+        let content_type = |prefix: &[u8]| {
+            parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(prefix))
+        };
+        let json_patch = content_type(b"application/json-patch");
+        let strategic = content_type(b"application/strategic-merge-patch");
         let (code, answer) = {
             let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
             st.calls.push(format!("{} {path}", parts.method));
@@ -155,6 +166,7 @@ async fn serve(mut handle: Handle, state: Arc<Mutex<State>>) {
                 query: &query,
                 body,
                 json_patch,
+                strategic,
             };
             st.answer(req)
         };
@@ -172,6 +184,35 @@ struct Req<'a> {
     query: &'a str,
     body: Value,
     json_patch: bool,
+    /// A strategic merge patch: `status.conditions` merge by `type`.
+    strategic: bool,
+}
+
+/// `status.conditions` of a strategic merge patch, merged by `type` as the
+/// API server merges a Node's conditions.
+fn merge_conditions(obj: &mut Value, patch: Value) {
+    let Value::Array(patch) = patch else { return };
+    let status = &mut obj["status"];
+    if !status["conditions"].is_array() {
+        status["conditions"] = json!([]);
+    }
+    if let Some(current) = status["conditions"].as_array_mut() {
+        for c in patch {
+            match current.iter_mut().find(|o| o["type"] == c["type"]) {
+                Some(o) => json_patch::merge(o, &c),
+                None => current.push(c),
+            }
+        }
+    }
+}
+
+/// The status of node condition `type_` (`"True"`, `"False"`), if any.
+pub fn node_condition(node: &Value, type_: &str) -> Option<String> {
+    node["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .and_then(|c| c["status"].as_str().map(str::to_string))
 }
 
 fn failure(code: u16, reason: &str, message: &str) -> (u16, Value) {
@@ -234,6 +275,13 @@ impl State {
     fn patch(&mut self, req: Req<'_>) -> (u16, Value) {
         let target = req.path.strip_suffix("/status").unwrap_or(req.path);
         if target.starts_with("/api/v1/nodes/") {
+            if self.forbid_node_status && req.path.ends_with("/status") {
+                return failure(
+                    403,
+                    "Forbidden",
+                    "nodes/status is forbidden: patch not granted",
+                );
+            }
             if let Some(refusal) = &self.refuse_node_patch {
                 return (422, serde_json::from_str(refusal).unwrap_or(Value::Null));
             }
@@ -264,6 +312,13 @@ impl State {
                     "the server rejected our request due to an error in our request",
                 );
             }
+        } else if req.strategic {
+            let conditions = body["status"]
+                .as_object_mut()
+                .and_then(|st| st.remove("conditions"))
+                .unwrap_or(Value::Null);
+            merge_conditions(&mut obj, conditions);
+            json_patch::merge(&mut obj, &body);
         } else {
             let wanted = body["metadata"]["resourceVersion"].take();
             if wanted.is_string() && wanted != obj["metadata"]["resourceVersion"] {

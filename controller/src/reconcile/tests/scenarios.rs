@@ -13,7 +13,7 @@ use super::{fake_ctx, reconcile};
 use crate::reconcile::{Ctx, Error};
 
 /// A new NodeMaintenance of worker-1 (no finalizer yet).
-fn new_nm(api: &FakeApi) {
+pub(super) fn new_nm(api: &FakeApi) {
     api.put(
         NM_PATH,
         json!({"apiVersion": "nodemaintenance.medik8s.io/v1beta1", "kind": "NodeMaintenance",
@@ -22,8 +22,16 @@ fn new_nm(api: &FakeApi) {
     );
 }
 
+/// Mark the stored NodeMaintenance deleted (as `kubectl delete` does with a finalizer).
+pub(super) fn mark_deleted(api: &FakeApi) {
+    let mut nm = api.get(NM_PATH).unwrap_or_default();
+    nm["metadata"]["deletionTimestamp"] = json!(k8s_openapi::jiff::Timestamp::now().to_string());
+    nm["metadata"]["resourceVersion"] = Value::Null;
+    api.put(NM_PATH, nm);
+}
+
 /// One pass on the object as stored now.
-async fn pass(api: &FakeApi, ctx: &Arc<Ctx>) -> Result<Action, Error> {
+pub(super) async fn pass(api: &FakeApi, ctx: &Arc<Ctx>) -> Result<Action, Error> {
     reconcile(Arc::new(api.nm()), ctx.clone()).await
 }
 
@@ -31,17 +39,17 @@ fn calls(api: &FakeApi) -> Vec<String> {
     api.calls()
 }
 
-fn phase(api: &FakeApi) -> Value {
+pub(super) fn phase(api: &FakeApi) -> Value {
     api.status()["phase"].clone()
 }
 
-fn node_unschedulable(api: &FakeApi) -> bool {
+pub(super) fn node_unschedulable(api: &FakeApi) -> bool {
     api.get(NODE_PATH)
         .is_some_and(|n| n["spec"]["unschedulable"] == true)
 }
 
 /// Two pods on worker-1; `blocked` makes the second one's PDB refuse.
-fn pods(api: &FakeApi, blocked: bool) {
+pub(super) fn pods(api: &FakeApi, blocked: bool) {
     api.put(
         &fake::pod_path("shop", "web-a"),
         fake::pod("shop", "web-a", "worker-1", json!({})),
@@ -59,7 +67,7 @@ fn pods(api: &FakeApi, blocked: bool) {
 
 /// A NodeMaintenance taken through its first passes: finalizer, then the
 /// starting point (phase Running).
-async fn started(api: &FakeApi, ctx: &Arc<Ctx>) {
+pub(super) async fn started(api: &FakeApi, ctx: &Arc<Ctx>) {
     new_nm(api);
     assert_eq!(
         pass(api, ctx).await.expect("finalizer pass"),
@@ -297,10 +305,7 @@ async fn deletion_gives_the_node_back_then_removes_the_finalizer() {
     pass(&api, &ctx).await.expect("drained");
     assert!(node_unschedulable(&api));
     assert!(api.get(LEASE_PATH).is_some());
-    let mut nm = api.get(NM_PATH).unwrap_or_default();
-    nm["metadata"]["deletionTimestamp"] = json!(k8s_openapi::jiff::Timestamp::now().to_string());
-    nm["metadata"]["resourceVersion"] = Value::Null;
-    api.put(NM_PATH, nm);
+    mark_deleted(&api);
     api.calls();
     api.events();
 
