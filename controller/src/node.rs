@@ -96,21 +96,16 @@ fn annotation(node: &Node) -> Option<&String> {
         .and_then(|a| a.get(PRIOR_CORDON_ANNOTATION))
 }
 
-/// The node carries a mark of a maintenance (ours, or upstream's during a
-/// handover): the drain taint or the label. (The annotation alone is not
-/// one: upstream, taking over mid-maintenance, gives the node back without
-/// knowing it.)
-fn marked(node: &Node) -> bool {
-    let drain_taint = taints_of(node).is_some_and(|t| {
+/// The node was taken by a maintenance (ours, or upstream's during a
+/// handover): it carries the drain taint, which nothing else writes. (The
+/// label is shared with the other medik8s operators and admins; the
+/// annotation alone is not one either: upstream, taking over
+/// mid-maintenance, gives the node back without knowing it.)
+fn taken(node: &Node) -> bool {
+    taints_of(node).is_some_and(|t| {
         t.iter()
             .any(|t| t.key == TAINT_DRAIN_KEY && t.effect == TAINT_EFFECT)
-    });
-    let label = node
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(EXCLUDE_FROM_REMEDIATION_LABEL));
-    drain_taint || label
+    })
 }
 
 /// Whether giving `node` back keeps its cordon (it was cordoned before).
@@ -119,9 +114,9 @@ pub fn keeps_cordon(node: &Node) -> bool {
 }
 
 /// Whether taking `node` now notes a cordon that was there before: it is
-/// unschedulable and no maintenance has marked it.
+/// unschedulable and no maintenance has taken it.
 pub fn notes_prior_cordon(node: &Node) -> bool {
-    !marked(node) && is_cordoned(node)
+    !taken(node) && is_cordoned(node)
 }
 
 /// An `add` of `key: value` to the map at `/metadata/<map>`, creating the map when absent.
@@ -168,7 +163,7 @@ pub fn enter_patch(node: &Node) -> Option<Vec<Value>> {
     }
     // Taken afresh: the annotation says whether it was cordoned (one left
     // from an earlier maintenance says nothing about now).
-    if !marked(node) {
+    if !taken(node) {
         if notes_prior_cordon(node) && !had_prior_cordon(node) {
             let annotations = node.metadata.annotations.is_some();
             ops.push(add_to_map(
@@ -194,7 +189,12 @@ fn remove_annotation() -> Value {
 /// when the node carries no mark of a maintenance (never taken, or given
 /// back already: a retried give-back never uncordons a kept cordon).
 pub fn exit_patch(node: &Node) -> Option<Vec<Value>> {
-    if !marked(node) && annotation(node).is_none() {
+    let label = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(EXCLUDE_FROM_REMEDIATION_LABEL));
+    if !taken(node) && !label && annotation(node).is_none() {
         return None;
     }
     let keep_cordon = keeps_cordon(node);
@@ -210,11 +210,6 @@ pub fn exit_patch(node: &Node) -> Option<Vec<Value>> {
     if is_cordoned(node) && !keep_cordon {
         ops.push(json!({"op": "add", "path": "/spec/unschedulable", "value": false}));
     }
-    let label = node
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(EXCLUDE_FROM_REMEDIATION_LABEL));
     if label {
         ops.push(json!({
             "op": "remove",
@@ -441,6 +436,23 @@ mod tests {
             exit_patch(&after).is_none(),
             "a retried give-back never uncordons it"
         );
+    }
+
+    #[test]
+    fn a_cordoned_node_with_someone_elses_label_is_noted() {
+        // The label is shared (admins, other medik8s operators): not a sign
+        // of a maintenance; only the drain taint is.
+        for value in ["false", "true"] {
+            let before = cordoned(node(
+                None,
+                Some(vec![(EXCLUDE_FROM_REMEDIATION_LABEL, value)]),
+            ));
+            assert!(notes_prior_cordon(&before), "{value:?}");
+            let during = apply(&before, enter_patch(&before).expect("changes"));
+            assert_eq!(annotated(&during).as_deref(), Some("true"), "{value:?}");
+            let after = apply(&during, exit_patch(&during).expect("changes"));
+            assert!(is_cordoned(&after), "{value:?}");
+        }
     }
 
     #[test]
