@@ -50,6 +50,7 @@ check_ports_free "NMO_CONTROLLER_METRICS_PORT / NMO_CONTROLLER_PROBE_PORT" "$MET
 # the integration tests' own controllers, so this one never touches their objects.
 extra=('--nodemaintenance-selector=!nmo-test/group')
 [ -z "${NMO_CONTROLLER_LOG_LEVEL:-}" ] || extra+=("--zap-level=$NMO_CONTROLLER_LOG_LEVEL")
+add_extra_args NMO_CONTROLLER_EXTRA_ARGS
 start_pod nmo-controller \
   --port "8443=$METRICS_PORT" --port "8081=$PROBE_PORT" \
   --mint-kubeconfig "$CLUSTER_DIR/controller.kubeconfig" --token-hours 24 \

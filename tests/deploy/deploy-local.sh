@@ -38,6 +38,9 @@
 # (--worker-threads), NMO_WEBHOOK_METRICS_SECURE (--metrics-secure; the
 # manifest's default is HTTPS with TokenReview/SubjectAccessReview; the webhook
 # bench sets false, see tests/deploy/bench-webhook.sh).
+# NMO_WEBHOOK_EXTRA_ARGS and NMO_CONTROLLER_EXTRA_ARGS: any further flags, split
+# into words as a shell does (quotes kept, nothing expanded), e.g.
+# NMO_CONTROLLER_EXTRA_ARGS="--max-concurrent-maintenances=2 --zap-log-level=debug".
 #
 # The token lives 24 h: run this again to refresh it. While the webhook restarts
 # the API server rejects NodeMaintenance creates and updates (failurePolicy Fail),
@@ -102,6 +105,7 @@ extra=()
 [ -z "${NMO_WEBHOOK_OPENSHIFT:-}" ] || extra+=("--openshift=$NMO_WEBHOOK_OPENSHIFT")
 [ -z "${NMO_WEBHOOK_WORKER_THREADS:-}" ] || extra+=("--worker-threads=$NMO_WEBHOOK_WORKER_THREADS")
 [ -z "${NMO_WEBHOOK_METRICS_SECURE:-}" ] || extra+=("--metrics-secure=$NMO_WEBHOOK_METRICS_SECURE")
+add_extra_args NMO_WEBHOOK_EXTRA_ARGS
 start_pod nmo-webhook \
   --volume "cert=$CERTS/webhook" \
   --port "9443=$WEBHOOK_PORT" --port "8443=$METRICS_PORT" --port "8081=$PROBE_PORT" \

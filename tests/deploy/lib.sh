@@ -39,6 +39,28 @@ for v in NO_PROXY no_proxy; do
 done
 
 kc() { "$KUBECTL" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
+
+# add_extra_args VAR: append the words of environment variable VAR
+# (NMO_CONTROLLER_EXTRA_ARGS, NMO_WEBHOOK_EXTRA_ARGS) to the array `extra`,
+# split as a shell splits them: quotes respected
+# ("--maintenance-window='0 2 * * 6 4h UTC'" stays one word), no globbing and
+# no expansion of any kind (xargs' quoting, words handed back NUL-separated).
+# An unbalanced quote is an error naming the variable.
+add_extra_args() {
+  local var="$1" tmp words=()
+  [ -n "${!var:-}" ] || return 0
+  tmp="$(mktemp)"
+  if ! printf '%s' "${!var}" | xargs -r printf '%s\0' >"$tmp" 2>"$tmp.err"; then
+    local why
+    why="$(cat "$tmp.err")"
+    rm -f "$tmp" "$tmp.err"
+    die "$var cannot be split into words ($why): quote a value with spaces as in a shell, e.g. $var=\"--maintenance-window='0 2 * * 6 4h UTC'\""
+  fi
+  mapfile -d '' words <"$tmp"
+  rm -f "$tmp" "$tmp.err"
+  extra+=(${words[@]+"${words[@]}"})
+  log "$var: ${#words[@]} extra argument(s) after the manifest's: ${words[*]}"
+}
 # Server-side apply: no last-applied annotation, no conflict with the tests' applies.
 ssa() { kc apply --server-side --force-conflicts --field-manager=nmo-deploy-local "$@" >/dev/null; }
 
