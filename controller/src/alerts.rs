@@ -1,0 +1,237 @@
+//! The alert gate's input (`--block-on-alerts-url`): the alerts firing now,
+//! read from a Prometheus (`GET /api/v1/alerts`) or an Alertmanager
+//! (`GET /api/v2/alerts`), with one request bounded in time. Which of the
+//! two answers is told from the shape of the answer, so one URL flag serves
+//! both. Anything but a clear answer is an error the gate treats as
+//! "blocked" (fail closed), its words naming the URL and what to check.
+//!
+//! Only the labels of firing (Prometheus: `state: firing`; Alertmanager:
+//! `status.state: active`) alerts are returned; matching them against
+//! `--block-on-alerts-filter` is the gate's pure decision.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http_body_util::{BodyExt as _, Empty, Limited};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+/// The labels of one firing alert.
+pub type Labels = BTreeMap<String, String>;
+
+/// Bound of one query (the gate is read at most every few seconds).
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest answer read (a Prometheus with thousands of alerts stays under).
+const MAX_BODY: usize = 16 << 20;
+
+/// Where the alerts are read, and the client reading them.
+#[derive(Clone)]
+pub struct AlertSource {
+    base: String,
+    client: Client<HttpConnector, Empty<Bytes>>,
+}
+
+impl AlertSource {
+    /// A source for `base` (`http://prometheus.monitoring:9090`, no path
+    /// needed). Only `http://` is accepted: the images carry no CA bundle,
+    /// and a query through `kubectl proxy`-style sidecars or an in-cluster
+    /// Service is plain HTTP on the pod network.
+    pub fn new(base: &str) -> Result<AlertSource, String> {
+        let trimmed = base.trim_end_matches('/');
+        let rest = trimmed.strip_prefix("http://").ok_or_else(|| {
+            format!(
+                "--block-on-alerts-url={base}: only http:// URLs are supported \
+                 (e.g. http://prometheus-operated.monitoring.svc:9090)"
+            )
+        })?;
+        if rest.is_empty() || rest.contains(char::is_whitespace) {
+            return Err(format!(
+                "--block-on-alerts-url={base}: not a URL (e.g. http://prometheus-operated.monitoring.svc:9090)"
+            ));
+        }
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(QUERY_TIMEOUT));
+        Ok(AlertSource {
+            base: trimmed.to_string(),
+            client: Client::builder(TokioExecutor::new()).build(http),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// The labels of every alert firing now. Prometheus is asked first; an
+    /// Alertmanager answers its path with 404, and is then asked its own.
+    pub async fn firing(&self) -> Result<Vec<Labels>, String> {
+        let prometheus = format!("{}/api/v1/alerts", self.base);
+        match self.get(&prometheus).await? {
+            (404, _) => {
+                let am = format!(
+                    "{}/api/v2/alerts?active=true&silenced=false&inhibited=false",
+                    self.base
+                );
+                match self.get(&am).await? {
+                    (200, body) => parse_alerts(&body).map_err(|e| format!("{am}: {e}")),
+                    (code, _) => Err(format!(
+                        "{prometheus} and {am} answered 404 and {code}: neither a Prometheus nor \
+                         an Alertmanager; check --block-on-alerts-url"
+                    )),
+                }
+            }
+            (200, body) => parse_alerts(&body).map_err(|e| format!("{prometheus}: {e}")),
+            (code, body) => Err(format!(
+                "{prometheus} answered {code}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            )),
+        }
+    }
+
+    async fn get(&self, url: &str) -> Result<(u16, Bytes), String> {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| format!("{url}: not a URL ({e}); check --block-on-alerts-url"))?;
+        let request = async {
+            let response = self.client.get(uri).await.map_err(|e| {
+                format!("{url}: {e}; is the Prometheus reachable from the controller?")
+            })?;
+            let code = response.status().as_u16();
+            let body = Limited::new(response.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map_err(|e| format!("{url}: reading the answer: {e}"))?
+                .to_bytes();
+            Ok((code, body))
+        };
+        tokio::time::timeout(QUERY_TIMEOUT, request)
+            .await
+            .map_err(|_| format!("{url}: no answer within {QUERY_TIMEOUT:?}"))?
+    }
+}
+
+/// The labels of the firing alerts in a Prometheus `/api/v1/alerts` answer
+/// or an Alertmanager `/api/v2/alerts` one.
+pub fn parse_alerts(body: &[u8]) -> Result<Vec<Labels>, String> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| format!("the answer is not JSON ({e})"))?;
+    let (alerts, firing): (&Vec<Value>, fn(&Value) -> bool) = match &v {
+        Value::Array(a) => (a, |a| a["status"]["state"] == "active"),
+        Value::Object(o) if o.get("status").and_then(Value::as_str) == Some("success") => {
+            let alerts = v["data"]["alerts"]
+                .as_array()
+                .ok_or("a Prometheus answer without data.alerts")?;
+            (alerts, |a| a["state"] == "firing")
+        }
+        Value::Object(o) => {
+            return Err(format!(
+                "the query failed: {}",
+                o.get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no error text")
+            ));
+        }
+        _ => return Err("neither a Prometheus nor an Alertmanager answer".to_string()),
+    };
+    Ok(alerts
+        .iter()
+        .filter(|a| firing(a))
+        .map(|a| {
+            a["labels"]
+                .as_object()
+                .map(|l| {
+                    l.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[Labels]) -> Vec<String> {
+        v.iter()
+            .map(|l| l.get("alertname").cloned().unwrap_or_default())
+            .collect()
+    }
+
+    #[test]
+    fn answers_of_prometheus_and_alertmanager() {
+        let cases: &[(&str, &str, Result<Vec<&str>, &str>)] = &[
+            (
+                "Prometheus: firing only, pending left out",
+                r#"{"status":"success","data":{"alerts":[
+                    {"labels":{"alertname":"NodeDown","severity":"critical"},"state":"firing"},
+                    {"labels":{"alertname":"Slow"},"state":"pending"}]}}"#,
+                Ok(vec!["NodeDown"]),
+            ),
+            (
+                "Prometheus: none",
+                r#"{"status":"success","data":{"alerts":[]}}"#,
+                Ok(vec![]),
+            ),
+            (
+                "Alertmanager: active only",
+                r#"[{"labels":{"alertname":"DiskFull"},"status":{"state":"active"}},
+                    {"labels":{"alertname":"Old"},"status":{"state":"suppressed"}}]"#,
+                Ok(vec!["DiskFull"]),
+            ),
+            (
+                "Prometheus error",
+                r#"{"status":"error","error":"bad request"}"#,
+                Err("the query failed: bad request"),
+            ),
+            ("not JSON", "<html>", Err("not JSON")),
+            ("a number", "42", Err("neither")),
+            (
+                "Prometheus without data",
+                r#"{"status":"success"}"#,
+                Err("without data.alerts"),
+            ),
+        ];
+        for (name, body, want) in cases {
+            let got = parse_alerts(body.as_bytes());
+            match (want, got) {
+                (Ok(want), Ok(got)) => assert_eq!(names(&got), *want, "{name}"),
+                (Err(want), Err(got)) => assert!(got.contains(want), "{name}: {got}"),
+                (want, got) => panic!("{name}: wanted {want:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn only_http_urls() {
+        for (url, ok) in [
+            ("http://prometheus:9090", true),
+            ("http://prometheus:9090/", true),
+            ("https://prometheus:9090", false),
+            ("prometheus:9090", false),
+            ("http://", false),
+        ] {
+            assert_eq!(AlertSource::new(url).is_ok(), ok, "{url}");
+        }
+        let e = AlertSource::new("https://p:9090").err().unwrap_or_default();
+        assert!(e.contains("--block-on-alerts-url=https://p:9090"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_an_error_naming_the_url() {
+        // A port nothing listens on (bound, then closed).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(9);
+        let source = AlertSource::new(&format!("http://127.0.0.1:{port}")).expect("a URL");
+        let e = source.firing().await.expect_err("nothing answers");
+        assert!(
+            e.contains(&format!("127.0.0.1:{port}/api/v1/alerts")),
+            "{e}"
+        );
+    }
+}
