@@ -161,9 +161,16 @@ mod tests {
             .collect()
     }
 
+    /// (case, answer, the firing alerts' names or the error's words).
+    type Case = (
+        &'static str,
+        &'static str,
+        Result<Vec<&'static str>, &'static str>,
+    );
+
     #[test]
     fn answers_of_prometheus_and_alertmanager() {
-        let cases: &[(&str, &str, Result<Vec<&str>, &str>)] = &[
+        let cases: &[Case] = &[
             (
                 "Prometheus: firing only, pending left out",
                 r#"{"status":"success","data":{"alerts":[
