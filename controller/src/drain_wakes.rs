@@ -41,7 +41,7 @@ use std::time::Duration;
 use futures::stream::{AbortHandle, BoxStream, SelectAll};
 use futures::{Stream, StreamExt};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use shared::kube::partial::{PdbView, PodMeta};
 use shared::{MaintenancePhase, NodeMaintenance};
@@ -94,11 +94,10 @@ pub fn wakes(
     queue: WorkQueue,
     up: WatchedNodes,
 ) -> impl Stream<Item = ObjectRef<NodeMaintenance>> + Send + 'static {
-    let pdbs = watcher(
+    let pdbs = shared::kube::watch::reconnecting(watcher(
         Api::<PdbView>::all(client.clone()),
         watcher::Config::default().page_size(crate::watches::LIST_PAGE),
-    )
-    .backoff(shared::kube::watch::reconnect_backoff())
+    ))
     .boxed();
     let state = Blockers {
         client,
@@ -286,10 +285,9 @@ impl Blockers {
                 return;
             }
             let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-            let (pods, stop) = futures::stream::abortable(
-                watcher(Api::<PodMeta>::all(self.client.clone()), wc)
-                    .backoff(shared::kube::watch::reconnect_backoff()),
-            );
+            let (pods, stop) = futures::stream::abortable(shared::kube::watch::reconnecting(
+                watcher(Api::<PodMeta>::all(self.client.clone()), wc),
+            ));
             let of = node.clone();
             self.pods.push(pods.map(move |e| (of.clone(), e)).boxed());
             self.watched.insert(

@@ -157,8 +157,9 @@ fn controller(
     let nodes = watches::nodes(client, node_cache.clone());
     Controller::for_stream(nms, store.clone())
         .with_config(controller::Config::default().concurrency(limit))
-        // Its own pause after a watch error grows to 30 s; ours reconnects
-        // within 0.1-2 s (shared::kube::watch).
+        // The watches back off on their own and hand over no errors
+        // (watches.rs): a pause here would hold every trigger, drain wakes
+        // included. Kept short should an error ever get through.
         .trigger_backoff(shared::kube::watch::reconnect_backoff())
         .watches_stream(nodes, move |n| {
             watches::maintenances_of(&store, &n, &queue, &node_cache)

@@ -2,6 +2,12 @@
 //! changes that matter (spec, finalizers, deletion; not our own status
 //! writes), a full re-list after the watch lost track, and changes of a node
 //! that a NodeMaintenance names (not the echo of our own node patch).
+//!
+//! Each watch backs off on its own after an error (logged here) and hands
+//! the Controller only what it saw: an error reaching the Controller would
+//! pause every trigger at once (kube's `trigger_backoff` wraps them all),
+//! and a drain wake arriving just after an API server restart would wait
+//! out the NodeMaintenance watch's pause.
 
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
@@ -48,38 +54,40 @@ pub fn nodemaintenances(
     let (relisted_tx, relisted) = unbounded::<()>();
     let store = writer.as_reader();
     let queue = metrics.queue.clone();
-    let stream = watcher(Api::<NodeMaintenance>::all(client), wc)
-        .modify(|nm| shared::kube::partial::forget_managed_fields(&mut nm.metadata))
-        .reflect(writer)
-        .inspect(move |event| {
-            on_nodemaintenance_event(event, &synced, &relisted_tx);
-            gauges_follow(event, &store, &metrics);
-            // What the reconciler kept until the cache caught up ends here
-            // too: status-only changes trigger no reconcile (the predicate
-            // below), so none would read them.
-            match event {
-                Ok(watcher::Event::Apply(nm) | watcher::Event::InitApply(nm)) => saw(nm),
-                // Gone, whoever removed its finalizer: nothing kept for it.
-                Ok(watcher::Event::Delete(nm)) => gone(&nm.name_any()),
-                _ => {}
-            }
-        })
-        .applied_objects()
-        .predicate_filter(
-            |nm: &NodeMaintenance| {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                predicates::generation(nm).hash(&mut h);
-                predicates::finalizers(nm).hash(&mut h);
-                nm.metadata.deletion_timestamp.is_some().hash(&mut h);
-                Some(h.finish())
-            },
-            Default::default(),
-        )
-        .inspect(move |nm| {
-            if let Ok(nm) = nm {
-                queue.added(&nm.name_any(), Duration::ZERO);
-            }
-        });
+    let stream =
+        shared::kube::watch::reconnecting(watcher(Api::<NodeMaintenance>::all(client), wc))
+            .modify(|nm| shared::kube::partial::forget_managed_fields(&mut nm.metadata))
+            .reflect(writer)
+            .inspect(move |event| {
+                on_nodemaintenance_event(event, &synced, &relisted_tx);
+                gauges_follow(event, &store, &metrics);
+                // What the reconciler kept until the cache caught up ends here
+                // too: status-only changes trigger no reconcile (the predicate
+                // below), so none would read them.
+                match event {
+                    Ok(watcher::Event::Apply(nm) | watcher::Event::InitApply(nm)) => saw(nm),
+                    // Gone, whoever removed its finalizer: nothing kept for it.
+                    Ok(watcher::Event::Delete(nm)) => gone(&nm.name_any()),
+                    _ => {}
+                }
+            })
+            .applied_objects()
+            .predicate_filter(
+                |nm: &NodeMaintenance| {
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    predicates::generation(nm).hash(&mut h);
+                    predicates::finalizers(nm).hash(&mut h);
+                    nm.metadata.deletion_timestamp.is_some().hash(&mut h);
+                    Some(h.finish())
+                },
+                Default::default(),
+            )
+            .inspect(move |nm| {
+                if let Ok(nm) = nm {
+                    queue.added(&nm.name_any(), Duration::ZERO);
+                }
+            })
+            .filter(|r| std::future::ready(r.is_ok()));
     (stream, relisted)
 }
 
@@ -139,10 +147,10 @@ pub fn nodes(
     client: Client,
     cache: NodeCache,
 ) -> impl Stream<Item = Result<NodeView, watcher::Error>> + Send + 'static {
-    watcher(
+    shared::kube::watch::reconnecting(watcher(
         Api::<NodeView>::all(client),
         watcher::Config::default().page_size(LIST_PAGE),
-    )
+    ))
     .inspect(move |event| match event {
         Ok(event) => cache.observe(event),
         Err(e) => log_watch_error("nodes", e),
@@ -165,6 +173,7 @@ pub fn nodes(
         },
         Default::default(),
     )
+    .filter(|r| std::future::ready(r.is_ok()))
 }
 
 /// The NodeMaintenances (from the cache) that name `node`, each queued;

@@ -270,9 +270,7 @@ where
     tokio::spawn(async move {
         let mut events = std::pin::pin!(reflector::reflector(
             writer,
-            stream
-                .backoff(shared::kube::watch::reconnect_backoff())
-                .modify(slim)
+            shared::kube::watch::reconnecting(stream).modify(slim)
         ));
         while let Some(event) = events.next().await {
             if let Err(e) = event {

@@ -3,6 +3,14 @@
 //! watch through `WatchStreamExt::backoff`, the controller's watches through
 //! its `Controller::trigger_backoff` (which pauses them all after an error).
 //!
+//! Every watch goes through [`reconnecting`], which waits by what failed
+//! ([`retry_after`]): nothing after a 410 (list again now), a steady
+//! 0.1-0.2 s while the API server does not answer at all (so a restarted
+//! one is met at once), and the doubling below once it answers with an
+//! error. [`reconnect_backoff`] is that doubling as a kube `Backoff`, for
+//! the Controller's trigger pause, which our watches never reach (they
+//! hand it no errors).
+//!
 //! kube-runtime's `default_backoff()` is client-go's reflector policy: 0.8 s
 //! doubling to 30 s, back to the start only once no error came for 2 minutes.
 //! After an API server restart that left our caches up to half a minute behind
@@ -20,7 +28,8 @@
 
 use std::time::Duration;
 
-use kube::runtime::watcher::ExponentialBackoff;
+use futures::{Stream, StreamExt as _};
+use kube::runtime::watcher::{self, ExponentialBackoff};
 
 /// First wait after a failed (re)connect, before jitter.
 pub const FIRST_RETRY: Duration = Duration::from_millis(100);
@@ -38,10 +47,155 @@ pub fn reconnect_backoff() -> ExponentialBackoff {
         .into()
 }
 
+/// Why a watch attempt failed, as far as when to try again goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// 410 Gone: the API server no longer holds our position; the watcher
+    /// lists again on its next poll, at once (nothing to wait for).
+    Gone,
+    /// No answer (connection refused or reset, TLS, timeout): the API
+    /// server is down or restarting. Trying costs it nothing, so tries
+    /// come often and a restarted API server is met within a fraction of
+    /// a second.
+    Unreachable,
+    /// The API server answered with an error (403 while its authorizer
+    /// warms up after a restart, 5xx, a missing grant): the usual
+    /// doubling wait, so a lasting refusal is not hammered.
+    Answered,
+}
+
+/// What kind of failure `e` is.
+pub fn failure(e: &watcher::Error) -> Failure {
+    let of_client = |e: &kube::Error| match e {
+        kube::Error::Api(s) if s.code == 410 => Failure::Gone,
+        kube::Error::Api(_) => Failure::Answered,
+        _ => Failure::Unreachable,
+    };
+    match e {
+        watcher::Error::WatchError(s) if s.code == 410 => Failure::Gone,
+        watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => Failure::Answered,
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => of_client(e),
+    }
+}
+
+/// Longest wait between tries of an unreachable API server, before jitter.
+pub const UNREACHABLE_RETRY: Duration = Duration::from_millis(100);
+
+/// The wait before the next try after `streak` failures in a row (1 for
+/// the first), the last one `f`, before jitter.
+pub fn retry_after(f: Failure, streak: u32) -> Duration {
+    match f {
+        Failure::Gone => Duration::ZERO,
+        Failure::Unreachable => UNREACHABLE_RETRY,
+        Failure::Answered => {
+            let doublings = streak.saturating_sub(1).min(16);
+            FIRST_RETRY.saturating_mul(1 << doublings).min(MAX_RETRY)
+        }
+    }
+}
+
+/// `watch` with its errors paced by [`retry_after`] (each wait stretched
+/// by a random 0-100 % so replicas do not reconnect in lockstep): after a
+/// failure the next poll of `watch` waits; anything delivered starts the
+/// count over. The errors themselves are passed on, for the caller's log.
+pub fn reconnecting<S, T>(watch: S) -> impl Stream<Item = watcher::Result<T>> + Send + 'static
+where
+    S: Stream<Item = watcher::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let state = (watch.boxed(), 0u32, Duration::ZERO);
+    futures::stream::unfold(state, |(mut watch, streak, wait)| async move {
+        if !wait.is_zero() {
+            tokio::time::sleep(wait.mul_f64(1.0 + rand::random::<f64>())).await;
+        }
+        let item = watch.next().await?;
+        let (streak, wait) = match &item {
+            Ok(_) => (0, Duration::ZERO),
+            Err(e) => {
+                let streak = streak.saturating_add(1);
+                (streak, retry_after(failure(e), streak))
+            }
+        };
+        Some((item, (watch, streak, wait)))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use kube::runtime::utils::Backoff as _;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure("test", "Test").with_code(code),
+        ))
+    }
+
+    #[test]
+    fn failures_and_their_waits() {
+        let gone = watcher::Error::WatchError(Box::new(
+            kube::core::Status::failure("too old", "Expired").with_code(410),
+        ));
+        let cases: Vec<(&str, watcher::Error, Failure, [u64; 3])> = vec![
+            ("410 during a watch", gone, Failure::Gone, [0, 0, 0]),
+            (
+                "410 on a list",
+                watcher::Error::InitialListFailed(api(410)),
+                Failure::Gone,
+                [0, 0, 0],
+            ),
+            (
+                "403 while the authorizer warms up",
+                watcher::Error::WatchStartFailed(api(403)),
+                Failure::Answered,
+                [100, 200, 400],
+            ),
+            (
+                "500",
+                watcher::Error::WatchFailed(api(500)),
+                Failure::Answered,
+                [100, 200, 400],
+            ),
+            (
+                "no HTTP answer (a client-side error)",
+                watcher::Error::InitialListFailed(kube::Error::LinesCodecMaxLineLengthExceeded),
+                Failure::Unreachable,
+                [100, 100, 100],
+            ),
+        ];
+        for (name, e, want, waits) in cases {
+            let f = failure(&e);
+            assert_eq!(f, want, "{name}");
+            let got: Vec<u64> = (1..=3)
+                .map(|n| retry_after(f, n).as_millis() as u64)
+                .collect();
+            assert_eq!(got, waits, "{name}");
+        }
+        assert_eq!(retry_after(Failure::Answered, 50), MAX_RETRY, "capped");
+    }
+
+    #[tokio::test]
+    async fn a_gone_watch_lists_again_at_once_and_successes_reset_the_count() {
+        let items = vec![
+            Err(watcher::Error::WatchError(Box::new(
+                kube::core::Status::failure("old", "Expired").with_code(410),
+            ))),
+            Ok(1),
+            Err(watcher::Error::WatchStartFailed(api(403))),
+            Ok(2),
+        ];
+        let start = tokio::time::Instant::now();
+        let got: Vec<bool> = reconnecting(futures::stream::iter(items))
+            .map(|r| r.is_ok())
+            .collect()
+            .await;
+        assert_eq!(got, [false, true, false, true], "errors passed on");
+        let took = start.elapsed();
+        // Only the 403 waits (100-200 ms); the 410 none.
+        assert!(took >= FIRST_RETRY && took < 3 * FIRST_RETRY, "{took:?}");
+    }
 
     #[test]
     fn waits_stay_between_first_and_twice_the_max_and_never_give_up() {
