@@ -37,6 +37,7 @@ REQS=(
   "cargo|cargo-machete|cargo-machete|make lint: no dependency declared and unused"
   "apt|musl-tools|musl-gcc|the C compiler ring needs for the musl target"
   "apt|gcc-aarch64-linux-gnu|aarch64-linux-gnu-gcc|the C compiler ring needs for the arm64 musl target, and its linker"
+  "apt|libc6-dev-arm64-cross|/usr/aarch64-linux-gnu/include/stdint.h|the C headers ring's C includes for the arm64 target (apt does not pull them in without recommends)"
   "apt|qemu-user|qemu-aarch64|runs the arm64 binaries here: the image check and the arm64 stage of make test"
   "apt|jq|jq|reads JSON in the image and cluster scripts"
   "apt|file|file|checks the images' binaries are static"

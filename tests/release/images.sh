@@ -50,6 +50,8 @@ for t in aarch64-linux-gnu-gcc aarch64-linux-gnu-ar; do
   command -v "$t" >/dev/null ||
     die "$t not found (ring compiles C for aarch64-unknown-linux-musl, and the arm64 binaries link with it): run 'apt-get install gcc-aarch64-linux-gnu'"
 done
+[ -f /usr/aarch64-linux-gnu/include/stdint.h ] ||
+  die "/usr/aarch64-linux-gnu/include/stdint.h not found (ring's C includes it for aarch64-unknown-linux-musl): run 'apt-get install libc6-dev-arm64-cross'"
 for platform in "${PLATFORMS[@]}"; do
   runner="$(runner_of "$platform")"
   [ -z "$runner" ] || command -v "$runner" >/dev/null ||
