@@ -78,9 +78,11 @@ rustflags="--remap-path-prefix=$REPO_ROOT=/nmo-rs$sep--remap-path-prefix=$cargo_
 cflags="-ffile-prefix-map=$REPO_ROOT=/nmo-rs -ffile-prefix-map=$cargo_home=/cargo -ffile-prefix-map=$TARGET_DIR=/target"
 logs="$TARGET_DIR/release-logs"
 mkdir -p "$out" "$logs"
-# Cold, on 2 cores: about 6 min for x86_64 and as long again for aarch64
-# (docs/performance.md); warm, seconds.
-declare -A cold_estimate=([linux/amd64]="5-10 min" [linux/arm64]="5-10 min more")
+# Measured cold on 2 cores (docs/performance.md): x86_64 470 s, then aarch64
+# 294 s (the host's build scripts already built); warm, seconds, or about 3
+# min each after a commit (the revision is compiled in, and release builds
+# use fat LTO).
+declare -A cold_estimate=([linux/amd64]="about 8 min" [linux/arm64]="about 5 min more")
 for platform in "${PLATFORMS[@]}"; do
   target="${RUST_TARGET_OF[$platform]}"
   step "musl release build for $platform ($target)"

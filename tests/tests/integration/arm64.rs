@@ -34,6 +34,8 @@ fn assert_runs_arm64_binary(pid: u32, service: &str) {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
         .unwrap_or_else(|e| panic!("reading /proc/{pid}/cmdline of {service}: {e}"));
     let argv: Vec<String> = raw
+        .strip_suffix(&[0])
+        .unwrap_or(&raw)
         .split(|b| *b == 0)
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
@@ -105,7 +107,6 @@ async fn controller_takes_a_maintenance_to_succeeded_and_back() {
     let pid = env.ctrl.as_ref().map(|c| c.proc.pid()).expect("controller");
     assert_runs_arm64_binary(pid, "nmo-controller");
     let target = env.target().await;
-    let before = env.nodes().get(&target).await.expect("node");
     env.bed
         .bare_pod("bare", &target)
         .await
@@ -114,6 +115,25 @@ async fn controller_takes_a_maintenance_to_succeeded_and_back() {
         running_on(m, &target, "bare") == 1
     })
     .await;
+    // Taken once the node lifecycle controller has lifted a fresh node's
+    // not-ready taint, so that only the maintenance changes the taints.
+    let nodes = env.nodes();
+    let before = until("the target without its not-ready taint", LONG, || async {
+        let n = nodes.get(&target).await?;
+        let taints = node_taint_keys(&n);
+        Ok(
+            if taints
+                .iter()
+                .any(|t| t.starts_with("node.kubernetes.io/not-ready"))
+            {
+                Poll::Pending(format!("taints {taints:?}"))
+            } else {
+                Poll::Ready(n)
+            },
+        )
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
 
     let name = env.n("a");
     env.create_nm(&name, &target).await;
@@ -137,7 +157,6 @@ async fn controller_takes_a_maintenance_to_succeeded_and_back() {
         .await
         .expect("delete the NodeMaintenance");
     env.wait_gone(&name).await;
-    let nodes = env.nodes();
     let want = node_taint_keys(&before);
     until(
         "the node given back (uncordoned, taints as before)",
