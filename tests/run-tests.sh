@@ -34,7 +34,7 @@ KUBECTL="$root/.cluster/bin/kubectl" bash manifests/check.sh
 echo "== OLM bundle: drift against manifests/base, operator-verify validation"
 KUBECTL="$root/.cluster/bin/kubectl" bash tests/release/check-bundle.sh
 
-echo "== images (the integration tests run the services from them), built twice: same digests"
+echo "== images (the integration tests run the services from them), built twice: same digests (index and each platform's manifest)"
 bash tests/release/images.sh
 digests="${CARGO_TARGET_DIR:-$root/target}/images/digests.txt"
 first="$(cat "$digests")"
@@ -64,6 +64,11 @@ before_nms="$(mktemp)"
 trap 'rm -f "$before_nms"' EXIT
 bash tests/cluster/sweep.sh --record "$before_nms"
 
+# The linux/arm64 images (built above, in the same image indexes) run here,
+# under qemu-aarch64: tests/arm64.sh (make test-arm64) says what it shows.
+arm64_rc=0
+bash tests/arm64.sh || arm64_rc=$?
+
 echo "== integration tests against the local control plane"
 # Each service runs as its manifest's Deployment, out of its unpacked image
 # (tests/src/deployment.rs). NMO_TEST_BINARIES=cargo runs cargo's debug
@@ -88,13 +93,15 @@ run_suites() {
 }
 # The RBAC audit below reads the API server's audit log from this moment on.
 audit_since="$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)"
-rc=0
+rc=$arm64_rc
 cargo test -p nmo-tests --no-fail-fast --lib -- --test-threads="${NMO_TEST_THREADS:-4}" || rc=$?
 # The companions' suites print what they measured: their own stage below.
 companion_suites="cert_manager prometheus"
+# Suite arm64 (all #[ignore]d) runs the linux/arm64 images: a stage of its own.
+own_stage_suites="$companion_suites arm64"
 if all_suites="$(suites)" && [ -n "$all_suites" ]; then
-  # shellcheck disable=SC2086 # one word a suite
-  run_suites $(grep -vxF -f <(tr ' ' '\n' <<<"$companion_suites") <<<"$all_suites") || rc=$?
+  # shellcheck disable=SC2046 # one word a suite
+  run_suites $(grep -vxF -f <(tr ' ' '\n' <<<"$own_stage_suites") <<<"$all_suites") || rc=$?
 else
   echo "the integration tests did not build, or list no suite" >&2
   rc=1

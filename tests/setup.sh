@@ -21,6 +21,7 @@ set -euo pipefail
 say() { printf '[setup] %s\n' "$*" >&2; }
 
 MUSL_TARGET=x86_64-unknown-linux-musl
+ARM64_TARGET=aarch64-unknown-linux-musl
 
 # The requirements: KIND NAME PROBE WHY. KIND apt = a Debian package (PROBE: a
 # command it provides), target = a rustup target, component = a rustup
@@ -29,11 +30,15 @@ MUSL_TARGET=x86_64-unknown-linux-musl
 REQS=(
   "tool|go|go|builds the local control plane (etcd, kube-apiserver, kwok, ...) from its Go modules; Go 1.26"
   "tool|rustup|rustup|the Rust toolchain manager (cargo, rustc, the musl target)"
-  "target|$MUSL_TARGET|-|static binaries for the two images (make images)"
+  "target|$MUSL_TARGET|-|static binaries for the two images (make images), linux/amd64"
+  "target|$ARM64_TARGET|-|static binaries for the two images (make images), linux/arm64"
   "component|clippy|cargo-clippy|make lint"
   "component|rustfmt|rustfmt|make lint"
   "cargo|cargo-machete|cargo-machete|make lint: no dependency declared and unused"
   "apt|musl-tools|musl-gcc|the C compiler ring needs for the musl target"
+  "apt|gcc-aarch64-linux-gnu|aarch64-linux-gnu-gcc|the C compiler ring needs for the arm64 musl target, and its linker"
+  "apt|libc6-dev-arm64-cross|/usr/aarch64-linux-gnu/include/stdint.h|the C headers ring's C includes for the arm64 target (apt does not pull them in without recommends)"
+  "apt|qemu-user|qemu-aarch64|runs the arm64 binaries here: the image check and the arm64 stage of make test"
   "apt|jq|jq|reads JSON in the image and cluster scripts"
   "apt|file|file|checks the images' binaries are static"
   "apt|util-linux|setpriv|flock (one plane build at a time) and setpriv (runs the images' binaries as uid 65532)"

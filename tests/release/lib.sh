@@ -3,7 +3,12 @@
 
 RELEASE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$RELEASE_DIR/../.." && pwd)"
-MUSL_TARGET=x86_64-unknown-linux-musl
+# The images' platforms (one image index per service, one image per platform)
+# and the Rust target that builds each platform's static binaries.
+PLATFORMS=(linux/amd64 linux/arm64)
+declare -A RUST_TARGET_OF=([linux/amd64]=x86_64-unknown-linux-musl [linux/arm64]=aarch64-unknown-linux-musl)
+# What `file` says of each platform's binaries.
+declare -A FILE_ARCH_OF=([linux/amd64]=x86-64 [linux/arm64]="ARM aarch64")
 # Cargo's output directory (CARGO_TARGET_DIR is honoured).
 TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 # Where `make images` puts the archives: target/images/<name>.oci.tar
@@ -12,6 +17,41 @@ IMAGES_DIR="$TARGET_DIR/images"
 # Registry and repository prefix of the image names (the manifests' default).
 IMAGE_REGISTRY="${IMAGE_REGISTRY:-quay.io/nmo-rs}"
 SERVICES=(controller webhook)
+
+# host_platform: this machine's platform (linux/amd64, linux/arm64, ...).
+host_platform() {
+  case "$(uname -m)" in
+    x86_64) echo linux/amd64 ;;
+    aarch64 | arm64) echo linux/arm64 ;;
+    *) echo "linux/$(uname -m)" ;;
+  esac
+}
+
+# runner_of PLATFORM: the command that runs that platform's binaries here:
+# nothing on the platform itself, else the qemu user-mode emulator (run
+# explicitly: binfmt_misc may not be registered).
+runner_of() {
+  if [ "$1" = "$(host_platform)" ]; then
+    return 0
+  fi
+  case "$1" in
+    linux/arm64) echo qemu-aarch64 ;;
+    linux/amd64) echo qemu-x86_64 ;;
+    *) die "no emulator known for platform $1" ;;
+  esac
+}
+
+# cross_env TARGET: NAME=VALUE lines (for env) naming the C compiler, archiver
+# and linker of a Rust target that is not built by the host's own: ring
+# compiles C and assembly for it. x86_64 musl uses musl-gcc (cc-rs finds it).
+cross_env() {
+  case "$1" in
+    aarch64-unknown-linux-musl)
+      echo CC_aarch64_unknown_linux_musl=aarch64-linux-gnu-gcc
+      echo AR_aarch64_unknown_linux_musl=aarch64-linux-gnu-ar
+      echo CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=aarch64-linux-gnu-gcc ;;
+  esac
+}
 
 _step="setup"
 log() { printf '[release %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

@@ -6,7 +6,10 @@
 #                                                 `kubectl kustomize` of each variant, images by digest
 #   install-monitoring.yaml                       manifests/monitoring, its alerts' runbook_urls
 #                                                 pointing at docs/troubleshooting.md of tag vVERSION
-#   digests.txt                                   "<name> <reference> <manifest digest>" per image
+#   digests.txt                                   "<name> <reference> <index digest>" per service image
+#                                                 (what the YAMLs and the bundle pin), "<name>/<os>/<arch>
+#                                                 <reference> <manifest digest>" per platform, and
+#                                                 "nmo-bundle <reference> <manifest digest>"
 #   SHA256SUMS                                    of every other file (sha256sum -c SHA256SUMS)
 # The committed bundle/ and manifests stay at the workspace version.
 #
@@ -56,6 +59,11 @@ while read -r name ref digest; do
 done <"$dist/digests.txt"
 for svc in "${SERVICES[@]}"; do
   [ -n "${digest_of[nmo-$svc]:-}" ] || die "no digest for nmo-$svc in $dist/digests.txt"
+  # What gets pinned is the image index (every platform), never one platform's manifest.
+  top="$(tar -xOf "$dist/nmo-$svc.oci.tar" index.json | jq -r '.manifests[0] | .mediaType + " " + .digest')" ||
+    die "cannot read index.json of $dist/nmo-$svc.oci.tar"
+  [ "$top" = "application/vnd.oci.image.index.v1+json ${digest_of[nmo-$svc]}" ] ||
+    die "digests.txt pins nmo-$svc at ${digest_of[nmo-$svc]}, but the archive's index.json names '$top', not that image index: rebuild with 'make images'"
 done
 
 step "OLM bundle for $VERSION"

@@ -10,6 +10,11 @@
 //! naming a mounted path is rewritten to the host directory that stands in for
 //! the volume. The flag names and every other value stay as the manifest has
 //! them, so a manifest argument a binary rejects fails the test.
+//!
+//! The image is the test platform's (`crate::image::test_platform`: the
+//! host's, or `NMO_TEST_IMAGE_PLATFORM`); a binary of another architecture
+//! runs under the qemu user-mode emulator (`qemu-aarch64 /nmo-webhook ...`),
+//! started explicitly, since binfmt_misc may not be registered.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -202,7 +207,12 @@ impl Launch {
         };
 
         // The binary, and the user to run it as.
-        let (program, entry_args, image_user) = self.program(&container, &what)?;
+        let Program {
+            path: program,
+            emulator,
+            default_args: entry_args,
+            user: image_user,
+        } = self.program(&container, &what)?;
         let sc_user = |c: &Container| {
             c.security_context
                 .as_ref()
@@ -374,7 +384,14 @@ impl Launch {
             bail!("{what}: the readiness probe names a port the container does not declare");
         }
 
-        let mut cmd = Command::new(&program);
+        let mut cmd = match &emulator {
+            Some(qemu) => {
+                let mut c = Command::new(qemu);
+                c.arg(&program);
+                c
+            }
+            None => Command::new(&program),
+        };
         cmd.args(&args).env_clear();
         for k in ["PATH", "RUST_BACKTRACE"] {
             if let Ok(v) = std::env::var(k) {
@@ -410,16 +427,17 @@ impl Launch {
         })
     }
 
-    /// The program to run, the image's default arguments, and the image's user.
-    fn program(
-        &self,
-        c: &Container,
-        what: &str,
-    ) -> anyhow::Result<(PathBuf, Vec<String>, (u32, u32))> {
+    /// The program to run (and its emulator), the image's default
+    /// arguments, and the image's user.
+    fn program(&self, c: &Container, what: &str) -> anyhow::Result<Program> {
         let service = self.deployment.as_str();
         if binaries_from_cargo() {
-            let bin = crate::process::binary(service);
-            return Ok((bin, Vec::new(), (65532, 65532)));
+            return Ok(Program {
+                path: crate::process::binary(service),
+                emulator: None,
+                default_args: Vec::new(),
+                user: (65532, 65532),
+            });
         }
         let img = image::unpack(service)?;
         let command = c
@@ -444,7 +462,50 @@ impl Launch {
                 img.root.display()
             );
         }
-        Ok((program, img.cmd.clone(), (img.uid, img.gid)))
+        let emulator = emulator_for(&img.platform)
+            .with_context(|| format!("{what}: image {} is {}", img.digest, img.platform))?;
+        Ok(Program {
+            path: program,
+            emulator,
+            default_args: img.cmd.clone(),
+            user: (img.uid, img.gid),
+        })
+    }
+}
+
+/// What [`Launch::program`] found: the binary, and how to start it.
+struct Program {
+    path: PathBuf,
+    /// The user-mode emulator that runs it when the image is not the host's
+    /// architecture (`qemu-aarch64` for linux/arm64 on an amd64 machine).
+    emulator: Option<PathBuf>,
+    default_args: Vec<String>,
+    user: (u32, u32),
+}
+
+/// The qemu user-mode emulator for a binary of `platform`, or none when the
+/// host runs it itself.
+pub fn emulator_for(platform: &str) -> anyhow::Result<Option<PathBuf>> {
+    let host = image::host_platform();
+    if platform == host {
+        return Ok(None);
+    }
+    let name = match platform {
+        "linux/arm64" => "qemu-aarch64",
+        "linux/amd64" => "qemu-x86_64",
+        other => bail!("no emulator is known for {other} binaries on this {host} machine"),
+    };
+    let path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file());
+    match path {
+        Some(p) => Ok(Some(p)),
+        None => bail!(
+            "{platform} binaries need {name} on this {host} machine, and it is not on PATH: install it with `apt-get install qemu-user` (or `bash tests/setup.sh` as root)"
+        ),
     }
 }
 

@@ -1,7 +1,13 @@
 //! The images `make images` builds, unpacked so the tests run exactly what a
-//! cluster would run: the OCI archive is read (index -> manifest -> config and
-//! layers), its layers are extracted into a root directory cached by manifest
-//! digest, and the entrypoint is started from there as the image's user.
+//! cluster would run: the OCI archive is read (index.json -> image index ->
+//! the platform's manifest -> config and layers), its layers are extracted
+//! into a root directory cached by manifest digest, and the entrypoint is
+//! started from there as the image's user.
+//!
+//! The platform is the host's (linux/amd64 here) unless
+//! `NMO_TEST_IMAGE_PLATFORM` names another (`linux/arm64`): a node of that
+//! architecture would pull that manifest, and the test launcher runs its
+//! binary under qemu user-mode emulation (`crate::deployment`).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -23,6 +29,8 @@ pub struct Unpacked {
     pub uid: u32,
     pub gid: u32,
     pub labels: BTreeMap<String, String>,
+    /// The config's `os/architecture` (`linux/arm64`).
+    pub platform: String,
 }
 
 impl Unpacked {
@@ -37,11 +45,25 @@ struct Index {
     manifests: Vec<Descriptor>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 struct Descriptor {
     #[serde(rename = "mediaType", default)]
     media_type: String,
     digest: String,
+    #[serde(default)]
+    platform: Option<Platform>,
+}
+
+#[derive(Deserialize, Clone)]
+struct Platform {
+    os: String,
+    architecture: String,
+}
+
+impl Platform {
+    fn name(&self) -> String {
+        format!("{}/{}", self.os, self.architecture)
+    }
 }
 
 #[derive(Deserialize)]
@@ -54,6 +76,10 @@ struct Manifest {
 struct ImageConfig {
     #[serde(default)]
     config: RunConfig,
+    #[serde(default)]
+    os: String,
+    #[serde(default)]
+    architecture: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -76,7 +102,29 @@ pub fn archive_path(service: &str) -> PathBuf {
     target.join("images").join(format!("{service}.oci.tar"))
 }
 
-/// Unpack the image of `service` (cached per manifest digest under .cluster/images).
+/// The environment variable naming the platform whose image the tests run.
+pub const PLATFORM_VAR: &str = "NMO_TEST_IMAGE_PLATFORM";
+
+/// This machine's platform in OCI terms (`linux/amd64`, `linux/arm64`).
+pub fn host_platform() -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    format!("{}/{arch}", std::env::consts::OS)
+}
+
+/// The platform whose image the tests run: `NMO_TEST_IMAGE_PLATFORM`, else the host's.
+pub fn test_platform() -> String {
+    std::env::var(PLATFORM_VAR)
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(host_platform)
+}
+
+/// Unpack the image of `service` for [`test_platform`] (cached per manifest
+/// digest under .cluster/images).
 pub fn unpack(service: &str) -> anyhow::Result<Unpacked> {
     let archive = archive_path(service);
     anyhow::ensure!(
@@ -85,19 +133,58 @@ pub fn unpack(service: &str) -> anyhow::Result<Unpacked> {
         archive.display()
     );
     let cache = crate::repo_root().join(".cluster/images");
-    unpack_archive(&archive, &cache)
-        .with_context(|| format!("unpacking image archive {}", archive.display()))
+    let platform = test_platform();
+    unpack_archive(&archive, &cache, &platform).with_context(|| {
+        format!(
+            "unpacking the {platform} image of archive {} ({PLATFORM_VAR} selects the platform)",
+            archive.display()
+        )
+    })
 }
 
-/// Unpack an OCI archive (a tar of an OCI image layout) below `cache`.
-pub fn unpack_archive(archive: &Path, cache: &Path) -> anyhow::Result<Unpacked> {
+/// The manifest for `platform` that `index` leads to: an entry of that
+/// platform, through nested image indexes; an entry without a platform
+/// counts when it is the index's only one (a single-image layout).
+fn find_manifest(
+    index: &Index,
+    platform: &str,
+    blob: &dyn Fn(&str) -> anyhow::Result<Vec<u8>>,
+) -> anyhow::Result<Descriptor> {
+    let mut seen = Vec::new();
+    for desc in &index.manifests {
+        if desc.media_type.contains("image.index") || desc.media_type.contains("manifest.list") {
+            let nested: Index = serde_json::from_slice(&blob(&desc.digest)?)
+                .with_context(|| format!("image index {}", desc.digest))?;
+            return find_manifest(&nested, platform, blob)
+                .with_context(|| format!("in image index {}", desc.digest));
+        }
+        if !desc.media_type.is_empty() && !desc.media_type.contains("manifest") {
+            bail!("the index points at a {}, not a manifest", desc.media_type);
+        }
+        match &desc.platform {
+            Some(p) if p.name() == platform => return Ok(desc.clone()),
+            Some(p) => seen.push(p.name()),
+            None if index.manifests.len() == 1 => return Ok(desc.clone()),
+            None => seen.push("(no platform)".into()),
+        }
+    }
+    bail!(
+        "no manifest for platform {platform}; the index lists: {}",
+        seen.join(", ")
+    )
+}
+
+/// Unpack the `platform` image of an OCI archive (a tar of an OCI image
+/// layout) below `cache`.
+pub fn unpack_archive(archive: &Path, cache: &Path, platform: &str) -> anyhow::Result<Unpacked> {
     let blobs = read_tar_entries(&std::fs::read(archive)?)?;
-    let blob = |digest: &str| -> anyhow::Result<&Vec<u8>> {
+    let blob = |digest: &str| -> anyhow::Result<Vec<u8>> {
         let hex = digest
             .strip_prefix("sha256:")
             .with_context(|| format!("unsupported digest {digest}"))?;
         blobs
             .get(&format!("blobs/sha256/{hex}"))
+            .cloned()
             .with_context(|| format!("blob {digest} is not in the archive"))
     };
     let index: Index = serde_json::from_slice(
@@ -106,19 +193,16 @@ pub fn unpack_archive(archive: &Path, cache: &Path) -> anyhow::Result<Unpacked> 
             .context("index.json missing: not an OCI layout archive")?,
     )
     .context("index.json")?;
-    let desc = match index.manifests.as_slice() {
-        [one] => one,
-        many => bail!(
-            "index.json lists {} manifests; expected exactly one",
-            many.len()
-        ),
-    };
-    if !desc.media_type.is_empty() && !desc.media_type.contains("manifest") {
-        bail!("index.json points at a {}, not a manifest", desc.media_type);
-    }
-    let manifest: Manifest = serde_json::from_slice(blob(&desc.digest)?).context("manifest")?;
+    let desc = find_manifest(&index, platform, &blob)?;
+    let manifest: Manifest = serde_json::from_slice(&blob(&desc.digest)?).context("manifest")?;
     let config: ImageConfig =
-        serde_json::from_slice(blob(&manifest.config.digest)?).context("image config")?;
+        serde_json::from_slice(&blob(&manifest.config.digest)?).context("image config")?;
+    let config_platform = format!("{}/{}", config.os, config.architecture);
+    anyhow::ensure!(
+        config_platform == platform,
+        "manifest {} is listed for {platform} but its config says {config_platform:?}",
+        desc.digest
+    );
     let (uid, gid) = parse_user(&config.config.user)?;
 
     let dir = cache.join(desc.digest.replace(':', "-"));
@@ -136,7 +220,7 @@ pub fn unpack_archive(archive: &Path, cache: &Path) -> anyhow::Result<Unpacked> 
         std::fs::create_dir_all(&tmp_root)?;
         for layer in &manifest.layers {
             let data = blob(&layer.digest)?;
-            extract_layer(data, &layer.media_type, &tmp_root)
+            extract_layer(&data, &layer.media_type, &tmp_root)
                 .with_context(|| format!("extracting layer {}", layer.digest))?;
         }
         std::fs::write(tmp.join("unpacked"), &desc.digest)?;
@@ -154,6 +238,7 @@ pub fn unpack_archive(archive: &Path, cache: &Path) -> anyhow::Result<Unpacked> 
         uid,
         gid,
         labels: config.config.labels.unwrap_or_default(),
+        platform: config_platform,
     })
 }
 
@@ -230,5 +315,51 @@ mod tests {
         assert_eq!(parse_user("65532").expect("uid"), (65532, 65532));
         assert_eq!(parse_user("65532:65533").expect("uid:gid"), (65532, 65533));
         assert!(parse_user("nonroot").is_err());
+    }
+
+    fn index(json: serde_json::Value) -> Index {
+        serde_json::from_value(json).expect("index JSON")
+    }
+
+    /// index.json -> image index -> the platform's manifest, as `make images`
+    /// writes it; a single-image layout's one manifest without a platform.
+    #[test]
+    fn the_platform_picks_the_manifest() {
+        let nested = serde_json::json!({"manifests": [
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:a",
+             "platform": {"os": "linux", "architecture": "amd64"}},
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:b",
+             "platform": {"os": "linux", "architecture": "arm64"}},
+        ]});
+        let top = index(serde_json::json!({"manifests": [
+            {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": "sha256:i"}
+        ]}));
+        let blob = |d: &str| -> anyhow::Result<Vec<u8>> {
+            anyhow::ensure!(d == "sha256:i", "no blob {d}");
+            Ok(serde_json::to_vec(&nested)?)
+        };
+        let pick = |p: &str| find_manifest(&top, p, &blob).map(|d| d.digest);
+        assert_eq!(pick("linux/amd64").expect("amd64"), "sha256:a");
+        assert_eq!(pick("linux/arm64").expect("arm64"), "sha256:b");
+        let err = format!("{:#}", pick("linux/s390x").expect_err("no such platform"));
+        assert!(err.contains("linux/amd64, linux/arm64"), "{err}");
+
+        let single = index(serde_json::json!({"manifests": [
+            {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:s"}
+        ]}));
+        let digest = find_manifest(&single, "linux/arm64", &blob).expect("single");
+        assert_eq!(digest.digest, "sha256:s");
+    }
+
+    #[test]
+    fn host_platform_in_oci_terms() {
+        let want = if cfg!(target_arch = "x86_64") {
+            "linux/amd64"
+        } else if cfg!(target_arch = "aarch64") {
+            "linux/arm64"
+        } else {
+            return;
+        };
+        assert_eq!(host_platform(), want);
     }
 }

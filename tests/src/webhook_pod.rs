@@ -324,6 +324,39 @@ where
     let _ = done.join();
 }
 
+/// Removes what a webhook test of `group` created ([`remove_group`]), also
+/// when it panicked: on its own thread and runtime, since Drop cannot await.
+pub struct GroupCleanup {
+    pub group: String,
+    pub namespaces: Vec<String>,
+}
+
+impl Drop for GroupCleanup {
+    fn drop(&mut self) {
+        let (group, namespaces) = (self.group.clone(), self.namespaces.clone());
+        run_cleanup(move |client| async move {
+            remove_group(&client, &group, &namespaces).await;
+        });
+    }
+}
+
+/// A webhook test's start: an admin client, the webhook's prerequisites from
+/// manifests/, a test bed of `prefix` and what removes it all again.
+pub async fn webhook_bed(prefix: &str) -> (Client, crate::fixtures::TestBed, GroupCleanup) {
+    let client = crate::admin_client().await.expect("local control plane");
+    crate::manifests::install_webhook_prereqs(&client)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let bed = crate::fixtures::TestBed::new(client.clone(), prefix)
+        .await
+        .expect("test namespace");
+    let cleanup = GroupCleanup {
+        group: bed.group.clone(),
+        namespaces: vec![bed.namespace.clone()],
+    };
+    (client, bed, cleanup)
+}
+
 /// Remove what a webhook test of `group` created (best effort): its webhook
 /// configuration, the NodeMaintenances named `group...`, `namespaces`, and
 /// the nodes labelled with the group.

@@ -18,6 +18,7 @@
 //! counter for the process), the kustomize render cache and the image unpack
 //! lock are process-wide, and none of them holds anything specific to a suite.
 
+mod arm64;
 mod cert_manager;
 mod cluster;
 mod controller;

@@ -14,9 +14,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::api::{GroupVersionKind, PostParams};
 use kube::{Api, Client};
-use nmo_tests::fixtures::{GROUP_KEY, TestBed};
+use nmo_tests::fixtures::GROUP_KEY;
 use nmo_tests::wait::{Poll, until};
-use nmo_tests::webhook_pod::{TestWebhook, create_with_warnings, test_nm};
+use nmo_tests::webhook_pod::{TestWebhook, create_with_warnings, test_nm, webhook_bed as setup};
 use nmo_webhook::warnings::slot_line;
 use serde_json::json;
 use shared::NodeMaintenance;
@@ -27,39 +27,6 @@ const VMI_CRD: &str = "virtualmachineinstances.kubevirt.io";
 /// Generous budget: the test machine is shared and the binaries are debug
 /// builds; the default (250 ms) is about production API servers.
 const BUDGET: &str = "--warnings-timeout=5s";
-
-/// Removes what a test created, also when it panicked (own thread and
-/// runtime: Drop cannot await).
-struct Cleanup {
-    group: String,
-    namespaces: Vec<String>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let (group, namespaces) = (self.group.clone(), self.namespaces.clone());
-        nmo_tests::webhook_pod::run_cleanup(move |client| async move {
-            nmo_tests::webhook_pod::remove_group(&client, &group, &namespaces).await;
-        });
-    }
-}
-
-async fn setup(prefix: &str) -> (Client, TestBed, Cleanup) {
-    let client = nmo_tests::admin_client()
-        .await
-        .expect("local control plane");
-    nmo_tests::manifests::install_webhook_prereqs(&client)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let bed = TestBed::new(client.clone(), prefix)
-        .await
-        .expect("test namespace");
-    let cleanup = Cleanup {
-        group: bed.group.clone(),
-        namespaces: vec![bed.namespace.clone()],
-    };
-    (client, bed, cleanup)
-}
 
 fn name_of(n: Node) -> String {
     n.metadata.name.expect("node name")

@@ -633,7 +633,9 @@ fn generate(objects: &[Value], opts: &Options) -> anyhow::Result<BTreeMap<String
                 (
                     "labels",
                     map([
+                        // The images are indexes of linux/amd64 and linux/arm64 (make images).
                         ("operatorframework.io/arch.amd64", s("supported")),
+                        ("operatorframework.io/arch.arm64", s("supported")),
                         ("operatorframework.io/os.linux", s("supported")),
                     ]),
                 ),

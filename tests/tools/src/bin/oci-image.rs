@@ -16,7 +16,15 @@
 //! `index.json`, `blobs/sha256/...`) is built the same way, so the archive's
 //! own checksum repeats too.
 //!
-//! Prints the image manifest digest (`sha256:...`) on stdout.
+//! One image, or one per platform: with `--context DIR` the archive holds one
+//! image (index.json names its manifest; linux/amd64 unless `--platform-of`
+//! says otherwise) and the tool prints the manifest digest (`sha256:...`) on
+//! stdout. With `--platform OS/ARCH=DIR` (repeatable) the same Containerfile is
+//! built once per platform from that platform's build context, each image with
+//! its own config (`architecture`, `os`), and the archive's index.json names an
+//! OCI image index listing the platform manifests, as `docker buildx` and `ko`
+//! write multi-platform images. It then prints the index digest on the first
+//! line and `OS/ARCH <manifest digest>` per platform after it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -42,9 +50,21 @@ struct Args {
     /// The Containerfile describing the image.
     #[arg(long, short = 'f')]
     containerfile: PathBuf,
-    /// Build context: COPY sources are relative to it.
-    #[arg(long)]
-    context: PathBuf,
+    /// Build context of a single-platform image: COPY sources are relative
+    /// to it.
+    #[arg(
+        long,
+        conflicts_with = "platforms",
+        required_unless_present = "platforms"
+    )]
+    context: Option<PathBuf>,
+    /// The platform of the `--context` image.
+    #[arg(long, default_value = "linux/amd64", requires = "context")]
+    platform_of: String,
+    /// One image per platform, OS/ARCH[/VARIANT]=CONTEXT (repeatable): the
+    /// archive holds an image index of them, in the order given.
+    #[arg(long = "platform", value_name = "OS/ARCH=CONTEXT")]
+    platforms: Vec<String>,
     /// ARG values, NAME=VALUE (repeatable). An ARG the Containerfile does not
     /// declare is an error.
     #[arg(long = "build-arg", value_name = "NAME=VALUE")]
@@ -65,6 +85,44 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let spec = read_spec(&args)?;
+    let created = rfc3339(args.created_epoch)?;
+    let mut images = Vec::new();
+    for (platform, context) in targets(&args)? {
+        let image = build_image(&spec, &context, args.created_epoch, &created, &platform)
+            .with_context(|| format!("building the {platform} image from {}", context.display()))?;
+        images.push(image);
+    }
+    let layout = if args.platforms.is_empty() {
+        Layout::single(&images)?
+    } else {
+        Layout::index(&images, &spec)?
+    };
+    let archive = layout.archive(&args.reference, args.created_epoch)?;
+    write_atomically(&args.out, &archive)?;
+    eprintln!(
+        "oci-image: {} -> {} ({}, {} bytes, archive sha256:{})",
+        args.reference,
+        args.out.display(),
+        images
+            .iter()
+            .map(|i| format!("{} {} layers", i.platform, i.layers.len()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        archive.len(),
+        hex_sha256(&archive)
+    );
+    println!("{}", layout.top.digest);
+    if !args.platforms.is_empty() {
+        for image in &images {
+            println!("{} {}", image.platform, image.manifest.digest);
+        }
+    }
+    Ok(())
+}
+
+/// The Containerfile, parsed with the `--build-arg` values.
+fn read_spec(args: &Args) -> anyhow::Result<Spec> {
     let text = fs::read_to_string(&args.containerfile)
         .with_context(|| format!("reading {}", args.containerfile.display()))?;
     let mut build_args = BTreeMap::new();
@@ -74,27 +132,39 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("--build-arg {a:?}: expected NAME=VALUE"))?;
         build_args.insert(k.to_string(), v.to_string());
     }
-    let spec = parse_containerfile(&text, &build_args)
-        .with_context(|| format!("in {}", args.containerfile.display()))?;
-    let created = rfc3339(args.created_epoch)?;
-    let image = build_image(&spec, &args.context, args.created_epoch, &created)?;
-    let archive = image.archive(&args.reference, args.created_epoch)?;
-    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+    parse_containerfile(&text, &build_args)
+        .with_context(|| format!("in {}", args.containerfile.display()))
+}
+
+/// (platform, build context) of each image to build, each platform once.
+fn targets(args: &Args) -> anyhow::Result<Vec<(Platform, PathBuf)>> {
+    if let Some(context) = &args.context {
+        return Ok(vec![(Platform::parse(&args.platform_of)?, context.clone())]);
+    }
+    let mut out: Vec<(Platform, PathBuf)> = Vec::new();
+    for p in &args.platforms {
+        let (platform, context) = p.split_once('=').with_context(|| {
+            format!("--platform {p:?}: expected OS/ARCH=CONTEXT, e.g. linux/arm64=target/aarch64-unknown-linux-musl/release")
+        })?;
+        let platform = Platform::parse(platform)?;
+        ensure!(
+            out.iter().all(|(seen, _)| *seen != platform),
+            "--platform {platform} is given twice: an index holds one image per platform"
+        );
+        out.push((platform, PathBuf::from(context)));
+    }
+    Ok(out)
+}
+
+/// Writes `bytes` to `out` through a temporary file beside it, so a reader
+/// never sees half an archive.
+fn write_atomically(out: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let tmp = args.out.with_extension("tar.partial");
-    fs::write(&tmp, &archive).with_context(|| format!("writing {}", tmp.display()))?;
-    fs::rename(&tmp, &args.out).with_context(|| format!("renaming to {}", args.out.display()))?;
-    eprintln!(
-        "oci-image: {} -> {} ({} layers, {} bytes, archive sha256:{})",
-        args.reference,
-        args.out.display(),
-        image.layers.len(),
-        archive.len(),
-        hex_sha256(&archive)
-    );
-    println!("{}", image.manifest_digest);
-    Ok(())
+    let tmp = out.with_extension("tar.partial");
+    fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, out).with_context(|| format!("renaming to {}", out.display()))
 }
 
 // ---------------------------------------------------------------- Containerfile
@@ -358,10 +428,54 @@ impl Blob {
 }
 
 struct Image {
+    platform: Platform,
     config: Blob,
     layers: Vec<Blob>,
     manifest: Blob,
-    manifest_digest: String,
+}
+
+/// An OCI platform: `os/architecture[/variant]` with GOOS/GOARCH names
+/// (`linux/amd64`, `linux/arm64`), as image configs and index entries say.
+#[derive(Debug, Clone, PartialEq)]
+struct Platform {
+    os: String,
+    architecture: String,
+    variant: Option<String>,
+}
+
+impl Platform {
+    fn parse(s: &str) -> anyhow::Result<Platform> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let ok = |p: &&str| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric());
+        ensure!(
+            (2..=3).contains(&parts.len()) && parts.iter().all(ok),
+            "platform {s:?}: expected OS/ARCH[/VARIANT] as in an image index, e.g. linux/amd64 or linux/arm64"
+        );
+        Ok(Platform {
+            os: parts[0].to_string(),
+            architecture: parts[1].to_string(),
+            variant: parts.get(2).map(|v| v.to_string()),
+        })
+    }
+
+    /// The `platform` object of an index entry.
+    fn json(&self) -> Value {
+        let mut p = json!({"architecture": self.architecture, "os": self.os});
+        if let Some(v) = &self.variant {
+            p["variant"] = json!(v);
+        }
+        p
+    }
+}
+
+impl std::fmt::Display for Platform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.os, self.architecture)?;
+        match &self.variant {
+            Some(v) => write!(f, "/{v}"),
+            None => Ok(()),
+        }
+    }
 }
 
 fn hex_sha256(b: &[u8]) -> String {
@@ -534,7 +648,13 @@ fn gzip(data: &[u8]) -> anyhow::Result<Vec<u8>> {
     e.finish().context("gzip")
 }
 
-fn build_image(spec: &Spec, context: &Path, epoch: i64, created: &str) -> anyhow::Result<Image> {
+fn build_image(
+    spec: &Spec,
+    context: &Path,
+    epoch: i64,
+    created: &str,
+    platform: &Platform,
+) -> anyhow::Result<Image> {
     let mtime = u64::try_from(epoch).context("creation time before 1970")?;
     let mut layers = Vec::new();
     let mut diff_ids = Vec::new();
@@ -546,6 +666,36 @@ fn build_image(spec: &Spec, context: &Path, epoch: i64, created: &str) -> anyhow
         layers.push(Blob::new(MEDIA_LAYER, gzip(&tar)?));
         history.push(json!({"created": created, "created_by": line}));
     }
+    let mut config = json!({
+        "created": created,
+        "architecture": platform.architecture,
+        "os": platform.os,
+        "config": run_config(spec),
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": history,
+    });
+    if let Some(v) = &platform.variant {
+        config["variant"] = json!(v);
+    }
+    let config = Blob::new(MEDIA_CONFIG, serde_json::to_vec(&config)?);
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": MEDIA_MANIFEST,
+        "config": config.descriptor(),
+        "layers": layers.iter().map(Blob::descriptor).collect::<Vec<_>>(),
+        "annotations": standard_annotations(spec),
+    });
+    let manifest = Blob::new(MEDIA_MANIFEST, serde_json::to_vec(&manifest)?);
+    Ok(Image {
+        platform: platform.clone(),
+        config,
+        layers,
+        manifest,
+    })
+}
+
+/// The config's `config` object: user, entrypoint, command and labels.
+fn run_config(spec: &Spec) -> Value {
     let mut config = serde_json::Map::new();
     if let Some(u) = &spec.user {
         config.insert("User".into(), json!(u));
@@ -559,88 +709,115 @@ fn build_image(spec: &Spec, context: &Path, epoch: i64, created: &str) -> anyhow
     if !spec.labels.is_empty() {
         config.insert("Labels".into(), json!(spec.labels));
     }
-    let config = json!({
-        "created": created,
-        "architecture": "amd64",
-        "os": "linux",
-        "config": config,
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-        "history": history,
-    });
-    let config = Blob::new(MEDIA_CONFIG, serde_json::to_vec(&config)?);
-    // The manifest repeats the standard labels as annotations (registries show
-    // those without fetching the config).
-    let annotations: BTreeMap<&String, &String> = spec
-        .labels
-        .iter()
-        .filter(|(k, _)| k.starts_with("org.opencontainers.image."))
-        .collect();
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": MEDIA_MANIFEST,
-        "config": config.descriptor(),
-        "layers": layers.iter().map(Blob::descriptor).collect::<Vec<_>>(),
-        "annotations": annotations,
-    });
-    let manifest = Blob::new(MEDIA_MANIFEST, serde_json::to_vec(&manifest)?);
-    Ok(Image {
-        manifest_digest: manifest.digest.clone(),
-        config,
-        layers,
-        manifest,
-    })
+    Value::Object(config)
 }
 
-impl Image {
-    /// The OCI archive: a tar of the image layout.
-    fn archive(&self, reference: &str, epoch: i64) -> anyhow::Result<Vec<u8>> {
-        let mtime = u64::try_from(epoch).context("creation time before 1970")?;
+/// The standard labels repeated as annotations of manifests and the index
+/// (registries show those without fetching the config).
+fn standard_annotations(spec: &Spec) -> BTreeMap<&String, &String> {
+    spec.labels
+        .iter()
+        .filter(|(k, _)| k.starts_with("org.opencontainers.image."))
+        .collect()
+}
+
+/// An OCI image layout: what its index.json names (`top`: one image's
+/// manifest, or an image index) and every blob it holds.
+struct Layout<'a> {
+    top: Blob,
+    /// The platform of `top` when it is one image's manifest.
+    top_platform: Option<&'a Platform>,
+    blobs: Vec<&'a Blob>,
+}
+
+impl<'a> Layout<'a> {
+    /// One image: index.json names its manifest.
+    fn single(images: &'a [Image]) -> anyhow::Result<Layout<'a>> {
+        let [image] = images else {
+            bail!(
+                "a single-image layout needs exactly one image, got {}",
+                images.len()
+            );
+        };
+        Ok(Layout {
+            top: Blob::new(MEDIA_MANIFEST, image.manifest.bytes.clone()),
+            top_platform: Some(&image.platform),
+            blobs: image_blobs(image),
+        })
+    }
+
+    /// One image per platform: index.json names an image index listing each
+    /// platform's manifest with its `platform`.
+    fn index(images: &'a [Image], spec: &Spec) -> anyhow::Result<Layout<'a>> {
+        ensure!(
+            !images.is_empty(),
+            "an image index needs at least one image"
+        );
+        let manifests: Vec<Value> = images
+            .iter()
+            .map(|i| {
+                let mut d = i.manifest.descriptor();
+                d["platform"] = i.platform.json();
+                d
+            })
+            .collect();
         let index = json!({
             "schemaVersion": 2,
             "mediaType": MEDIA_INDEX,
-            "manifests": [{
-                "mediaType": MEDIA_MANIFEST,
-                "digest": self.manifest.digest,
-                "size": self.manifest.bytes.len(),
-                "platform": {"architecture": "amd64", "os": "linux"},
-                "annotations": {
-                    "io.containerd.image.name": reference,
-                    "org.opencontainers.image.ref.name": reference,
-                },
-            }],
+            "manifests": manifests,
+            "annotations": standard_annotations(spec),
         });
+        Ok(Layout {
+            top: Blob::new(MEDIA_INDEX, serde_json::to_vec(&index)?),
+            top_platform: None,
+            blobs: images.iter().flat_map(image_blobs).collect(),
+        })
+    }
+
+    /// The OCI archive: a tar of the image layout (`oci-layout`,
+    /// `index.json`, `blobs/sha256/...`), entries sorted, fixed times.
+    fn archive(&self, reference: &str, epoch: i64) -> anyhow::Result<Vec<u8>> {
+        let mtime = u64::try_from(epoch).context("creation time before 1970")?;
+        let mut top = self.top.descriptor();
+        if let Some(p) = self.top_platform {
+            top["platform"] = p.json();
+        }
+        top["annotations"] = json!({
+            "io.containerd.image.name": reference,
+            "org.opencontainers.image.ref.name": reference,
+        });
+        let index = json!({
+            "schemaVersion": 2,
+            "mediaType": MEDIA_INDEX,
+            "manifests": [top],
+        });
+        let file = |data: Vec<u8>| Entry::File {
+            data,
+            executable: false,
+        };
         let mut entries = BTreeMap::new();
         entries.insert(
             "oci-layout".to_string(),
-            Entry::File {
-                data: br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
-                executable: false,
-            },
+            file(br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec()),
         );
-        entries.insert(
-            "index.json".to_string(),
-            Entry::File {
-                data: serde_json::to_vec(&index)?,
-                executable: false,
-            },
-        );
+        entries.insert("index.json".to_string(), file(serde_json::to_vec(&index)?));
         entries.insert("blobs".to_string(), Entry::Dir);
         entries.insert("blobs/sha256".to_string(), Entry::Dir);
-        for blob in std::iter::once(&self.manifest)
-            .chain(std::iter::once(&self.config))
-            .chain(self.layers.iter())
-        {
+        // The same blob twice (e.g. one layer in two images) is one entry.
+        for blob in std::iter::once(&self.top).chain(self.blobs.iter().copied()) {
             let hex = blob.digest.trim_start_matches("sha256:");
-            entries.insert(
-                format!("blobs/sha256/{hex}"),
-                Entry::File {
-                    data: blob.bytes.clone(),
-                    executable: false,
-                },
-            );
+            entries.insert(format!("blobs/sha256/{hex}"), file(blob.bytes.clone()));
         }
         tar_bytes(&entries, mtime)
     }
+}
+
+/// The manifest, config and layers of one image.
+fn image_blobs(image: &Image) -> Vec<&Blob> {
+    std::iter::once(&image.manifest)
+        .chain(std::iter::once(&image.config))
+        .chain(image.layers.iter())
+        .collect()
 }
 
 #[cfg(test)]
@@ -738,35 +915,114 @@ ENTRYPOINT ["/bin-dest"]
         }
     }
 
-    #[test]
-    fn same_input_same_digest() {
-        let dir = std::env::temp_dir().join(format!("oci-image-test-{}", std::process::id()));
+    const EPOCH: i64 = 1_700_000_000;
+    const CREATED: &str = "2023-11-14T22:13:20Z";
+
+    fn amd64() -> Platform {
+        Platform::parse("linux/amd64").expect("platform")
+    }
+
+    /// A build context with `app` (holding `content`) and `sub/{a,b}.yaml`.
+    fn context(name: &str, content: &[u8]) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("oci-image-test-{name}-{}", std::process::id()));
         fs::create_dir_all(dir.join("sub")).expect("mkdir");
-        fs::write(dir.join("app"), b"binary").expect("write");
+        fs::write(dir.join("app"), content).expect("write");
         fs::write(dir.join("sub/b.yaml"), b"b").expect("write");
         fs::write(dir.join("sub/a.yaml"), b"a").expect("write");
+        dir
+    }
+
+    fn test_spec() -> Spec {
         let text =
             "FROM scratch\nCOPY app /app\nCOPY sub /data/\nUSER 1:1\nENTRYPOINT [\"/app\"]\n";
-        let spec = parse_containerfile(text, &no_args()).expect("parses");
-        let a = build_image(&spec, &dir, 1_700_000_000, "2023-11-14T22:13:20Z").expect("image");
-        let b = build_image(&spec, &dir, 1_700_000_000, "2023-11-14T22:13:20Z").expect("image");
-        assert_eq!(a.manifest_digest, b.manifest_digest);
-        assert_eq!(
-            a.archive("x:1", 1_700_000_000).expect("archive"),
-            b.archive("x:1", 1_700_000_000).expect("archive")
-        );
+        parse_containerfile(text, &no_args()).expect("parses")
+    }
+
+    #[test]
+    fn same_input_same_digest() {
+        let dir = context("same", b"binary");
+        let spec = test_spec();
+        let a = build_image(&spec, &dir, EPOCH, CREATED, &amd64()).expect("image");
+        let b = build_image(&spec, &dir, EPOCH, CREATED, &amd64()).expect("image");
+        assert_eq!(a.manifest.digest, b.manifest.digest);
+        let (a, b) = ([a], [b]);
+        let archive = |i: &[Image]| {
+            Layout::single(i)
+                .expect("layout")
+                .archive("x:1", EPOCH)
+                .expect("archive")
+        };
+        assert_eq!(archive(&a), archive(&b));
         // The directory layer lists data/, data/a.yaml, data/b.yaml in order.
         let entries = copy_entries(&dir, &["sub".into()], "/data/").expect("entries");
         assert_eq!(
             entries.keys().collect::<Vec<_>>(),
             ["data", "data/a.yaml", "data/b.yaml"]
         );
-        let c = build_image(&spec, &dir, 1_700_000_001, "2023-11-14T22:13:21Z").expect("image");
+        let c =
+            build_image(&spec, &dir, EPOCH + 1, "2023-11-14T22:13:21Z", &amd64()).expect("image");
         assert_ne!(
-            a.manifest_digest, c.manifest_digest,
+            a[0].manifest.digest, c.manifest.digest,
             "the time is part of the image"
         );
         fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Two platforms: an index naming both manifests with their platform,
+    /// each config saying its architecture, the same bytes on every build.
+    #[test]
+    fn one_index_one_manifest_per_platform() {
+        let x86 = context("amd64", b"x86-64 binary");
+        let arm = context("arm64", b"aarch64 binary");
+        let spec = test_spec();
+        let arm64 = Platform::parse("linux/arm64").expect("platform");
+        let build = || {
+            let images = [
+                build_image(&spec, &x86, EPOCH, CREATED, &amd64()).expect("amd64"),
+                build_image(&spec, &arm, EPOCH, CREATED, &arm64).expect("arm64"),
+            ];
+            let (index, archive) = {
+                let layout = Layout::index(&images, &spec).expect("index");
+                let archive = layout.archive("x:1", EPOCH).expect("archive");
+                (layout.top.bytes, archive)
+            };
+            (images, index, archive)
+        };
+        let (images, index, archive) = build();
+        let (_, index2, archive2) = build();
+        assert_eq!(archive, archive2, "the archive repeats byte for byte");
+        assert_eq!(index, index2);
+        let index: Value = serde_json::from_slice(&index).expect("index JSON");
+        assert_eq!(index["mediaType"], MEDIA_INDEX);
+        let entries = index["manifests"].as_array().expect("manifests");
+        assert_eq!(entries.len(), 2);
+        for (entry, (image, arch)) in entries.iter().zip(images.iter().zip(["amd64", "arm64"])) {
+            assert_eq!(entry["digest"], image.manifest.digest.as_str());
+            assert_eq!(
+                entry["platform"],
+                json!({"architecture": arch, "os": "linux"})
+            );
+            let config: Value = serde_json::from_slice(&image.config.bytes).expect("config");
+            assert_eq!(config["architecture"], arch);
+            assert_eq!(config["os"], "linux");
+        }
+        assert_ne!(images[0].manifest.digest, images[1].manifest.digest);
+        // The identical layer (sub/) has one digest: the archive stores it once.
+        assert_eq!(images[0].layers[1].digest, images[1].layers[1].digest);
+        fs::remove_dir_all(&x86).ok();
+        fs::remove_dir_all(&arm).ok();
+    }
+
+    #[test]
+    fn platforms_parse_and_print() {
+        assert_eq!(amd64().to_string(), "linux/amd64");
+        let v8 = Platform::parse("linux/arm64/v8").expect("with variant");
+        assert_eq!(v8.to_string(), "linux/arm64/v8");
+        assert_eq!(v8.json()["variant"], "v8");
+        for bad in ["amd64", "linux/", "linux/arm64/v8/x", "linux/arm 64"] {
+            assert!(Platform::parse(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]
