@@ -1,6 +1,6 @@
 //! Pure rules over plain data, no I/O: the medik8s lease rule, the etcd
-//! quorum rule, maintenance slots, Go durations, node facts, and two small
-//! data helpers (an expiring cache, a poison-tolerant lock).
+//! quorum rule, maintenance slots, maintenance windows, Go durations, node
+//! facts, and two small data helpers (an expiring cache, a poison-tolerant lock).
 
 pub mod duration;
 pub mod lease;
@@ -9,3 +9,4 @@ pub mod quorum;
 pub mod slots;
 pub mod sync;
 pub mod ttl;
+pub mod window;
