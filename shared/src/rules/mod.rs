@@ -1,8 +1,10 @@
 //! Pure rules over plain data, no I/O: the medik8s lease rule, the etcd
-//! quorum rule, maintenance slots, maintenance windows, Go durations, node
-//! facts, and two small data helpers (an expiring cache, a poison-tolerant lock).
+//! quorum rule, maintenance slots, fleet gates and maintenance windows, Go
+//! durations, node facts, and two small data helpers (an expiring cache, a
+//! poison-tolerant lock).
 
 pub mod duration;
+pub mod gates;
 pub mod lease;
 pub mod nodes;
 pub mod quorum;
