@@ -240,12 +240,22 @@ fn unavailable_message(
             Cause::Cordoned => format!("{node} (cordoned)"),
         })
         .collect();
+    let total = observed.nodes.len();
+    let state = if after > limit {
+        format!(
+            "with node {} that makes {after} of {total} nodes unavailable",
+            me.node
+        )
+    } else {
+        // It fits, but an earlier one waits for the budget (the note says).
+        format!(
+            "{} of {total} nodes are unavailable",
+            walk.unavailable.len()
+        )
+    };
     format!(
-        "waits for the unavailable-node budget: with node {} that makes {after} of {} nodes \
-         unavailable, at most {limit} may be (--max-unavailable={setting}); unavailable: {}; \
-         it starts when one of them is back",
-        me.node,
-        observed.nodes.len(),
+        "waits for the unavailable-node budget: {state}, at most {limit} may be \
+         (--max-unavailable={setting}); unavailable: {}; it starts when one of them is back",
         if listed.is_empty() {
             "none".to_string()
         } else {

@@ -48,6 +48,14 @@ fn ts(text: &str) -> Timestamp {
     text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
 }
 
+fn observe<'a>(nodes: &'a [NodeView], alerts: &'a AlertsSeen, now: &str) -> Observed<'a> {
+    Observed {
+        nodes,
+        now: ts(now),
+        alerts,
+    }
+}
+
 /// One decision table row: `me` is the last entry of `all`.
 struct Case {
     name: &'static str,
@@ -80,11 +88,7 @@ fn run(cases: Vec<Case>) {
             .all
             .last()
             .unwrap_or_else(|| panic!("{}: no entries", c.name));
-        let observed = Observed {
-            nodes: &c.nodes,
-            now: ts(c.now),
-            alerts: &c.alerts,
-        };
+        let observed = observe(&c.nodes, &c.alerts, c.now);
         let got = may_start(me, &c.all, &observed, &c.gates);
         match (&got, c.want) {
             (GateDecision::Start, None) => {}
@@ -459,7 +463,11 @@ fn max_unavailable_keeps_creation_order() {
             nodes: with(fleet(), "n1", not_ready),
             want: Some((
                 GateReason::MaxUnavailable,
-                &["b (node n2) waits ahead of it for the same budget"],
+                &[
+                    "1 of 10 nodes are unavailable, at most 1",
+                    "n1 (NotReady)",
+                    "b (node n2) waits ahead of it for the same budget",
+                ],
             )),
             ..Case::default()
         },
@@ -599,11 +607,7 @@ fn gates_decide_in_their_documented_order() {
     let me = &all[2];
     let mut seen = Vec::new();
     loop {
-        let observed = Observed {
-            nodes: &nodes,
-            now: ts("2026-12-14T00:00:00Z"),
-            alerts: &alerts,
-        };
+        let observed = observe(&nodes, &alerts, "2026-12-14T00:00:00Z");
         let GateDecision::Wait { reason, .. } = may_start(me, &all, &observed, &gates) else {
             break;
         };
@@ -669,11 +673,7 @@ fn admissions_count_for_the_gates() {
     let gates = per_zone(1);
     let nodes = fleet();
     let alerts = AlertsSeen::NotRead;
-    let observed = Observed {
-        nodes: &nodes,
-        now: ts("2026-12-14T00:00:00Z"),
-        alerts: &alerts,
-    };
+    let observed = observe(&nodes, &alerts, "2026-12-14T00:00:00Z");
     let gate = |me: &Entry, all: &[Entry]| match may_start(me, all, &observed, &gates) {
         GateDecision::Start => None,
         wait => Some(wait),
@@ -762,4 +762,26 @@ fn node_views_read_zone_ready_and_cordon() {
         assert_eq!(view.ready, ready, "{case}");
         assert_eq!(view.cordoned, cordoned, "{case}");
     }
+}
+
+/// The webhook asks for a NodeMaintenance not in its cache yet, with no
+/// creation time ("~" sorts after any): it queues behind every other.
+#[test]
+fn a_new_one_not_in_the_cache_queues_last() {
+    let gates = max_unavailable("1", 0);
+    let nodes = fleet();
+    let alerts = AlertsSeen::NotRead;
+    let observed = observe(&nodes, &alerts, "2026-12-14T00:00:00Z");
+    let all = vec![e("b", "n2", "2026-12-13T00:00:00Z", None)];
+    let new = e("new", "n3", "~", None);
+    let got = may_start(&new, &all, &observed, &gates);
+    assert!(
+        matches!(&got, GateDecision::Wait { reason: GateReason::MaxUnavailable, message }
+            if message.contains("n2 (b starts first)")),
+        "{got:?}"
+    );
+    assert_eq!(
+        may_start(&all[0], &all, &observed, &gates),
+        GateDecision::Start
+    );
 }
