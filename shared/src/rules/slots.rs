@@ -42,16 +42,17 @@ impl Entry {
         }
     }
 
-    fn admitted(&self) -> bool {
+    /// Running or Succeeded: it holds its slot (and its node).
+    pub(crate) fn admitted(&self) -> bool {
         matches!(
             self.phase,
             Some(MaintenancePhase::Running | MaintenancePhase::Succeeded)
         )
     }
-    fn failed(&self) -> bool {
+    pub(crate) fn failed(&self) -> bool {
         matches!(self.phase, Some(MaintenancePhase::Failed))
     }
-    fn order_key(&self) -> (&str, &str) {
+    pub(crate) fn order_key(&self) -> (&str, &str) {
         (&self.created, &self.name)
     }
 }
@@ -163,6 +164,26 @@ impl Admissions {
     /// admissions counted; an admission of `me` is recorded before it is
     /// returned.
     pub fn decide(&self, me: &Entry, all: &[Entry], max: usize) -> SlotDecision {
+        let no_gate = |_: &Entry, _: &[Entry]| None::<std::convert::Infallible>;
+        match self.decide_gated(me, all, max, no_gate) {
+            Ok(decision) => decision,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Admissions::decide`] with the fleet gates: when the slots would
+    /// admit `me` (not yet started), `gate` sees `me` and `all` as counted
+    /// here (this process's admissions the cache does not show yet count
+    /// as Running) and may make it wait instead: `Err(wait)`, nothing
+    /// recorded. The gate runs under the same lock as the record, so two
+    /// decisions cannot both spend the last of a budget.
+    pub fn decide_gated<W>(
+        &self,
+        me: &Entry,
+        all: &[Entry],
+        max: usize,
+        gate: impl FnOnce(&Entry, &[Entry]) -> Option<W>,
+    ) -> Result<SlotDecision, W> {
         let mut decided = self.decided.locked();
         // The cache has caught up with these (or they are gone): it decides.
         decided.retain(|(name, created)| {
@@ -180,9 +201,12 @@ impl Admissions {
         let me_counted = counted(me);
         let decision = decide(&me_counted, &all, max);
         if decision == SlotDecision::Admitted && !me_counted.admitted() {
+            if let Some(wait) = gate(&me_counted, &all) {
+                return Err(wait);
+            }
             decided.insert((me.name.clone(), me.created.clone()));
         }
-        decision
+        Ok(decision)
     }
 }
 
@@ -202,7 +226,7 @@ fn holders(all: &[Entry]) -> Vec<&Entry> {
 
 /// The queue: everyone not admitted, not failed, not being deleted, first per
 /// node, in creation order.
-fn queue(all: &[Entry]) -> Vec<&Entry> {
+pub(crate) fn queue(all: &[Entry]) -> Vec<&Entry> {
     let mut queue: Vec<&Entry> = all
         .iter()
         .filter(|e| !e.admitted() && !e.failed() && !e.deleting)
@@ -245,10 +269,16 @@ pub fn wait_message(position: usize, holders: &[String], max: usize) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn e(name: &str, node: &str, created: &str, phase: Option<MaintenancePhase>) -> Entry {
+    /// A test entry (the gates' tests use it too).
+    pub(crate) fn e(
+        name: &str,
+        node: &str,
+        created: &str,
+        phase: Option<MaintenancePhase>,
+    ) -> Entry {
         Entry {
             name: name.into(),
             node: node.into(),

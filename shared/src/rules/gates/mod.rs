@@ -1,0 +1,282 @@
+//! Fleet gates (issue 31): whether a NodeMaintenance that the slots would
+//! admit may start now, or waits, and why. One pure decision,
+//! [`may_start`], shared by the controller (the `Queued` condition, the
+//! event, the metric) and the webhook (its warnings).
+//!
+//! # What the caller gathers ([`Observed`])
+//! - The NodeMaintenances as [`Entry`]s (as for the slots), with this
+//!   process's own admissions counted: call through
+//!   [`Admissions::decide_gated`](crate::rules::slots::Admissions::decide_gated)
+//!   so a gate and the admission record happen under one lock.
+//! - Only when [`Gates::needs_nodes`]: every Node as a [`NodeView`]
+//!   ([`NodeView::of`] with [`Gates::zone_label`]): name, zone label
+//!   value, Ready, cordoned (`spec.unschedulable`). The node count for
+//!   `--max-unavailable=P%` is the number of views.
+//! - Only when [`Gates::needs_alerts`]: the firing alerts, or why they could
+//!   not be read ([`AlertsSeen`]; [`parse_alerts`] reads the body of
+//!   Prometheus' `GET /api/v1/alerts`). Fetch with a short timeout, and
+//!   cache the answer for a few seconds across reconciles; a failure blocks.
+//! - The time, `now`.
+//!
+//! Requeue a waiting maintenance: at the next window's start for
+//! `OutsideWindow` (the message has it; [`next_window_start`] gives it as a
+//! time), on Node and NodeMaintenance changes for the budgets and the
+//! pause, and every fetch interval for `AlertsFiring`.
+//!
+//! # Order of the gates
+//! Pause after a failure, firing alerts, the window, max-unavailable, the
+//! zone budget; the first that blocks names the wait. The three global
+//! gates come first: they hold every maintenance alike, and the first two
+//! ask a human to look at something broken. The budgets come last, as they
+//! depend on the queue. A maintenance that started (Running, Succeeded)
+//! passes every gate: it runs to its end.
+//!
+//! # Creation order
+//! A global gate holds all alike. For the budgets the queue (as the slots
+//! see it: not started, not failed, not being deleted, first per node, in
+//! creation order) is walked up to `me`: each earlier one that passes both
+//! budgets counts as started; one that waits for max-unavailable makes
+//! every later one wait for it too; one that waits for its zone makes later
+//! ones of the same zone wait too. A later maintenance may pass an earlier
+//! one only when that one waits for another gate (its zone, say).
+
+mod alerts;
+mod budgets;
+
+pub use alerts::{Alert, AlertFilter, AlertGate, AlertsSeen, parse_alerts};
+pub use budgets::MaxUnavailable;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+
+use crate::rules::slots::Entry;
+use crate::rules::window::{self, Window};
+
+/// The zone label when `--zone-label` is not given.
+pub const DEFAULT_ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// The parsed gate flags. [`Gates::default`] gates nothing (today's
+/// behaviour).
+#[derive(Debug, Clone)]
+pub struct Gates {
+    /// `--max-unavailable`; `None`: no limit.
+    pub max_unavailable: Option<MaxUnavailable>,
+    /// `--max-concurrent-per-zone`; 0: no limit (as
+    /// `--max-concurrent-maintenances`).
+    pub max_per_zone: usize,
+    /// `--zone-label`.
+    pub zone_label: String,
+    /// `--maintenance-window`, repeatable; empty: any time.
+    pub windows: Vec<Window>,
+    /// `--pause-after-failure`.
+    pub pause_after_failure: bool,
+    /// `--block-on-alerts-url` with `--block-on-alerts-filter`.
+    pub alerts: Option<AlertGate>,
+}
+
+impl Default for Gates {
+    fn default() -> Self {
+        Gates {
+            max_unavailable: None,
+            max_per_zone: 0,
+            zone_label: DEFAULT_ZONE_LABEL.to_string(),
+            windows: Vec::new(),
+            pause_after_failure: false,
+            alerts: None,
+        }
+    }
+}
+
+impl Gates {
+    /// Whether [`Observed::nodes`] must be gathered.
+    pub fn needs_nodes(&self) -> bool {
+        self.max_unavailable.is_some() || self.max_per_zone > 0
+    }
+
+    /// Whether [`Observed::alerts`] must be gathered.
+    pub fn needs_alerts(&self) -> bool {
+        self.alerts.is_some()
+    }
+}
+
+/// What the gates need to know about one Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    /// The zone label's value; nodes without it form one zone.
+    pub zone: Option<String>,
+    /// Condition Ready is True (False, Unknown or missing: not ready).
+    pub ready: bool,
+    /// `spec.unschedulable`, by anyone.
+    pub cordoned: bool,
+}
+
+impl NodeView {
+    /// The one place a Node becomes a view.
+    pub fn of(node: &Node, zone_label: &str) -> NodeView {
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|c| c.status == "True");
+        NodeView {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            zone: node
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(zone_label).cloned()),
+            ready,
+            cordoned: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+        }
+    }
+}
+
+/// What the controller observed for one decision.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// Every Node (empty unless [`Gates::needs_nodes`]).
+    pub nodes: &'a [NodeView],
+    pub now: Timestamp,
+    pub alerts: &'a AlertsSeen,
+}
+
+/// Why a maintenance waits: one per gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GateReason {
+    OutsideWindow,
+    ZoneBudget,
+    MaxUnavailable,
+    PausedAfterFailure,
+    AlertsFiring,
+}
+
+impl GateReason {
+    /// Every reason, for metrics set up before the first wait.
+    pub const ALL: [GateReason; 5] = [
+        GateReason::PausedAfterFailure,
+        GateReason::AlertsFiring,
+        GateReason::OutsideWindow,
+        GateReason::MaxUnavailable,
+        GateReason::ZoneBudget,
+    ];
+
+    /// The `Queued` condition's reason (and the event's).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GateReason::OutsideWindow => "OutsideWindow",
+            GateReason::ZoneBudget => "ZoneBudget",
+            GateReason::MaxUnavailable => "MaxUnavailable",
+            GateReason::PausedAfterFailure => "PausedAfterFailure",
+            GateReason::AlertsFiring => "AlertsFiring",
+        }
+    }
+
+    /// The value of a metric's `reason` label (Prometheus style).
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            GateReason::OutsideWindow => "outside_window",
+            GateReason::ZoneBudget => "zone_budget",
+            GateReason::MaxUnavailable => "max_unavailable",
+            GateReason::PausedAfterFailure => "paused_after_failure",
+            GateReason::AlertsFiring => "alerts_firing",
+        }
+    }
+}
+
+impl std::fmt::Display for GateReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateDecision {
+    /// Every gate lets it start (or it started already).
+    Start,
+    /// Phase Pending, condition `Queued` with `reason`; `message` names
+    /// what blocks and the flag behind it.
+    Wait { reason: GateReason, message: String },
+}
+
+impl GateDecision {
+    fn wait(reason: GateReason, message: String) -> Option<GateDecision> {
+        Some(GateDecision::Wait { reason, message })
+    }
+}
+
+/// May `me` start now? `all` holds every NodeMaintenance (`me` among them
+/// or not). Gates in the order the module doc gives.
+pub fn may_start(me: &Entry, all: &[Entry], observed: &Observed, gates: &Gates) -> GateDecision {
+    if me.admitted() {
+        return GateDecision::Start;
+    }
+    paused(me, all, gates)
+        .or_else(|| alerts::check(observed.alerts, gates.alerts.as_ref()))
+        .or_else(|| outside_window(observed.now, &gates.windows))
+        .or_else(|| budgets::check(me, all, observed, gates))
+        .unwrap_or(GateDecision::Start)
+}
+
+/// `--pause-after-failure`: a Failed NodeMaintenance holds every start
+/// until it is gone (its deletion finished).
+fn paused(me: &Entry, all: &[Entry], gates: &Gates) -> Option<GateDecision> {
+    if !gates.pause_after_failure {
+        return None;
+    }
+    let mut failed: Vec<&Entry> = all
+        .iter()
+        .filter(|e| e.failed() && e.name != me.name)
+        .collect();
+    failed.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    let names: Vec<String> = failed
+        .iter()
+        .map(|e| format!("{} (node {})", e.name, e.node))
+        .collect();
+    if names.is_empty() {
+        return None;
+    }
+    GateDecision::wait(
+        GateReason::PausedAfterFailure,
+        format!(
+            "waits: NodeMaintenance {} failed; no maintenance starts until it is deleted \
+             (--pause-after-failure)",
+            names.join(", ")
+        ),
+    )
+}
+
+/// `--maintenance-window`: outside every window, wait for the next.
+fn outside_window(now: Timestamp, windows: &[Window]) -> Option<GateDecision> {
+    if windows.is_empty() || windows.iter().any(|w| w.contains(now)) {
+        return None;
+    }
+    let message = match window::next_opening(windows, now) {
+        Some((at, w)) => format!(
+            "waits for the maintenance window: next window starts {} (--maintenance-window {:?})",
+            w.local_time(at),
+            w.spec()
+        ),
+        None => "waits for the maintenance window: no window opens again \
+                 (--maintenance-window)"
+            .to_string(),
+    };
+    GateDecision::wait(GateReason::OutsideWindow, message)
+}
+
+/// When the next window opens, for requeueing an `OutsideWindow` wait;
+/// `None` when no window is set (or one is open now).
+pub fn next_window_start(gates: &Gates, now: Timestamp) -> Option<Timestamp> {
+    if gates.windows.iter().any(|w| w.contains(now)) {
+        return None;
+    }
+    window::next_opening(&gates.windows, now).map(|(at, _)| at)
+}
+
+#[cfg(test)]
+mod tests;
