@@ -6,8 +6,9 @@
 //! Every watch goes through [`reconnecting`], which waits by what failed
 //! ([`retry_after`]): nothing after a 410 (list again now), a steady
 //! 0.1-0.2 s while the API server does not answer at all (so a restarted
-//! one is met at once), and the doubling below once it answers with an
-//! error. [`reconnect_backoff`] is that doubling as a kube `Backoff`, for
+//! one is met at once), 0.2-0.4 s while it refuses (401/403 from an
+//! authorizer still warming up, ten times), and the doubling below once it
+//! answers with another error. [`reconnect_backoff`] is that doubling as a kube `Backoff`, for
 //! the Controller's trigger pause, which our watches never reach (they
 //! hand it no errors).
 //!
@@ -58,21 +59,30 @@ pub enum Failure {
     /// come often and a restarted API server is met within a fraction of
     /// a second.
     Unreachable,
-    /// The API server answered with an error (403 while its authorizer
-    /// warms up after a restart, 5xx, a missing grant): the usual
-    /// doubling wait, so a lasting refusal is not hammered.
+    /// 401 or 403: after a restart the API server answers before its
+    /// authorizer has caught up, for a second or two; tried again every
+    /// 0.2-0.4 s [`REFUSED_FAST_TRIES`] times, then as [`Failure::Answered`]
+    /// (a grant really missing is not hammered).
+    Refused,
+    /// The API server answered with another error (5xx, 429, ...): the
+    /// usual doubling wait.
     Answered,
 }
+
+/// Quick tries after a refusal (see [`Failure::Refused`]).
+pub const REFUSED_FAST_TRIES: u32 = 10;
 
 /// What kind of failure `e` is.
 pub fn failure(e: &watcher::Error) -> Failure {
     let of_client = |e: &kube::Error| match e {
         kube::Error::Api(s) if s.code == 410 => Failure::Gone,
+        kube::Error::Api(s) if s.code == 401 || s.code == 403 => Failure::Refused,
         kube::Error::Api(_) => Failure::Answered,
         _ => Failure::Unreachable,
     };
     match e {
         watcher::Error::WatchError(s) if s.code == 410 => Failure::Gone,
+        watcher::Error::WatchError(s) if s.code == 401 || s.code == 403 => Failure::Refused,
         watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => Failure::Answered,
         watcher::Error::InitialListFailed(e)
         | watcher::Error::WatchStartFailed(e)
@@ -89,6 +99,8 @@ pub fn retry_after(f: Failure, streak: u32) -> Duration {
     match f {
         Failure::Gone => Duration::ZERO,
         Failure::Unreachable => UNREACHABLE_RETRY,
+        Failure::Refused if streak <= REFUSED_FAST_TRIES => 2 * FIRST_RETRY,
+        Failure::Refused => retry_after(Failure::Answered, streak - REFUSED_FAST_TRIES),
         Failure::Answered => {
             let doublings = streak.saturating_sub(1).min(16);
             FIRST_RETRY.saturating_mul(1 << doublings).min(MAX_RETRY)
@@ -149,8 +161,8 @@ mod tests {
             (
                 "403 while the authorizer warms up",
                 watcher::Error::WatchStartFailed(api(403)),
-                Failure::Answered,
-                [100, 200, 400],
+                Failure::Refused,
+                [200, 200, 200],
             ),
             (
                 "500",
@@ -174,6 +186,12 @@ mod tests {
             assert_eq!(got, waits, "{name}");
         }
         assert_eq!(retry_after(Failure::Answered, 50), MAX_RETRY, "capped");
+        assert_eq!(
+            retry_after(Failure::Refused, REFUSED_FAST_TRIES + 1),
+            FIRST_RETRY,
+            "then doubling"
+        );
+        assert_eq!(retry_after(Failure::Refused, 60), MAX_RETRY);
     }
 
     #[tokio::test]
@@ -193,8 +211,11 @@ mod tests {
             .await;
         assert_eq!(got, [false, true, false, true], "errors passed on");
         let took = start.elapsed();
-        // Only the 403 waits (100-200 ms); the 410 none.
-        assert!(took >= FIRST_RETRY && took < 3 * FIRST_RETRY, "{took:?}");
+        // Only the 403 waits (200-400 ms); the 410 none.
+        assert!(
+            took >= 2 * FIRST_RETRY && took < 5 * FIRST_RETRY,
+            "{took:?}"
+        );
     }
 
     #[test]
