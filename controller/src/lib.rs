@@ -1,6 +1,5 @@
 //! nmo-controller's modules; main.rs wires them together.
 
-pub mod alerts;
 pub mod classify;
 pub mod conditions;
 pub mod config;

@@ -1,8 +1,10 @@
 //! What both binaries serve and start the same way: TLS with reloads,
 //! HTTPS, probes, secure metrics (serving, token and access reviews, series
 //! declared as tables), telemetry and logs (zap's keys, panics as one line),
-//! Go flag syntax, shutdown.
+//! Go flag syntax, shutdown; the fleet gates' flags and the alert gate's reader.
 
+pub mod alert_source;
+pub mod gate_flags;
 pub mod goflags;
 pub mod https;
 pub mod logwriter;

@@ -5,21 +5,23 @@
 //! both. Anything but a clear answer is an error the gate treats as
 //! "blocked" (fail closed), its words naming the URL and what to check.
 //!
-//! Only the labels of firing (Prometheus: `state: firing`; Alertmanager:
-//! `status.state: active`) alerts are returned; matching them against
-//! `--block-on-alerts-filter` is the gate's pure decision.
+//! The alerts come back with their state (an Alertmanager's `active` is
+//! `firing`); which firing ones match `--block-on-alerts-filter` is the
+//! gate's pure decision.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use http_body_util::{BodyExt as _, Empty, Limited};
-use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use serde_json::Value;
+use serde::Deserialize;
 
-/// The labels of one firing alert.
+use crate::rules::gates::{self, Alert};
+
+/// The labels of one alert.
 pub type Labels = BTreeMap<String, String>;
 
 /// Bound of one query (the gate is read at most every few seconds).
@@ -64,9 +66,11 @@ impl AlertSource {
         &self.base
     }
 
-    /// The labels of every alert firing now. Prometheus is asked first; an
-    /// Alertmanager answers its path with 404, and is then asked its own.
-    pub async fn firing(&self) -> Result<Vec<Labels>, String> {
+    /// The alerts as Prometheus (or Alertmanager) lists them now; matching
+    /// them is the gate's ([`AlertFilter::firing`](crate::rules::gates::AlertFilter::firing)).
+    /// Prometheus is asked first; an Alertmanager answers its path with 404,
+    /// and is then asked its own.
+    pub async fn alerts(&self) -> Result<Vec<Alert>, String> {
         let prometheus = format!("{}/api/v1/alerts", self.base);
         match self.get(&prometheus).await? {
             (404, _) => {
@@ -112,52 +116,52 @@ impl AlertSource {
     }
 }
 
-/// The labels of the firing alerts in a Prometheus `/api/v1/alerts` answer
-/// or an Alertmanager `/api/v2/alerts` one.
-pub fn parse_alerts(body: &[u8]) -> Result<Vec<Labels>, String> {
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| format!("the answer is not JSON ({e})"))?;
-    let (alerts, firing): (&Vec<Value>, fn(&Value) -> bool) = match &v {
-        Value::Array(a) => (a, |a| a["status"]["state"] == "active"),
-        Value::Object(o) if o.get("status").and_then(Value::as_str) == Some("success") => {
-            let alerts = v["data"]["alerts"]
-                .as_array()
-                .ok_or("a Prometheus answer without data.alerts")?;
-            (alerts, |a| a["state"] == "firing")
-        }
-        Value::Object(o) => {
-            return Err(format!(
-                "the query failed: {}",
-                o.get("error")
-                    .and_then(Value::as_str)
-                    .unwrap_or("no error text")
-            ));
-        }
-        _ => return Err("neither a Prometheus nor an Alertmanager answer".to_string()),
-    };
-    Ok(alerts
-        .iter()
-        .filter(|a| firing(a))
-        .map(|a| {
-            a["labels"]
-                .as_object()
-                .map(|l| {
-                    l.iter()
-                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                        .collect()
-                })
-                .unwrap_or_default()
+/// The alerts in a Prometheus `/api/v1/alerts` answer (the gate's own
+/// parser) or an Alertmanager `/api/v2/alerts` one (an array; an `active`
+/// alert counts as firing).
+pub fn parse_alerts(body: &[u8]) -> Result<Vec<Alert>, String> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'[') {
+        return gates::parse_alerts(body);
+    }
+    let items: Vec<AmAlert> = serde_json::from_slice(body)
+        .map_err(|e| format!("not an Alertmanager alerts answer: {e}"))?;
+    Ok(items
+        .into_iter()
+        .map(|a| Alert {
+            labels: a.labels,
+            state: if a.status.state == "active" {
+                "firing".to_string()
+            } else {
+                a.status.state
+            },
         })
         .collect())
+}
+
+/// One alert of Alertmanager's `GET /api/v2/alerts`.
+#[derive(Deserialize)]
+struct AmAlert {
+    #[serde(default)]
+    labels: Labels,
+    #[serde(default)]
+    status: AmStatus,
+}
+
+#[derive(Deserialize, Default)]
+struct AmStatus {
+    #[serde(default)]
+    state: String,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn names(v: &[Labels]) -> Vec<String> {
+    /// The names of the firing ones.
+    fn names(v: &[Alert]) -> Vec<String> {
         v.iter()
-            .map(|l| l.get("alertname").cloned().unwrap_or_default())
+            .filter(|a| a.state == "firing")
+            .map(|a| a.labels.get("alertname").cloned().unwrap_or_default())
             .collect()
     }
 
@@ -192,14 +196,14 @@ mod tests {
             (
                 "Prometheus error",
                 r#"{"status":"error","error":"bad request"}"#,
-                Err("the query failed: bad request"),
+                Err("status \"error\": bad request"),
             ),
-            ("not JSON", "<html>", Err("not JSON")),
-            ("a number", "42", Err("neither")),
+            ("not JSON", "<html>", Err("not a Prometheus alerts answer")),
+            ("a number", "42", Err("not a Prometheus alerts answer")),
             (
-                "Prometheus without data",
+                "Prometheus without data: none",
                 r#"{"status":"success"}"#,
-                Err("without data.alerts"),
+                Ok(vec![]),
             ),
         ];
         for (name, body, want) in cases {
@@ -235,7 +239,7 @@ mod tests {
             .map(|a| a.port())
             .unwrap_or(9);
         let source = AlertSource::new(&format!("http://127.0.0.1:{port}")).expect("a URL");
-        let e = source.firing().await.expect_err("nothing answers");
+        let e = source.alerts().await.expect_err("nothing answers");
         assert!(
             e.contains(&format!("127.0.0.1:{port}/api/v1/alerts")),
             "{e}"
