@@ -4,7 +4,9 @@
 //! and dashboards. Pure: from the status about to be written, why it was
 //! written and whether the node is in maintenance.
 //!
-//! - `Queued`: waiting for a maintenance slot (`--max-concurrent-maintenances`).
+//! - `Queued`: waiting for a maintenance slot (`--max-concurrent-maintenances`,
+//!   reason WaitingForSlot) or held by a fleet gate (reason OutsideWindow,
+//!   ZoneBudget, MaxUnavailable, PausedAfterFailure or AlertsFiring).
 //! - `Cordoned`: the node is cordoned, tainted and excluded from remediation.
 //! - `Drained`: every pod that had to leave has left.
 //! - `Blocked`: the drain cannot go on now; the message names every pod in
@@ -14,6 +16,7 @@
 //!   another maintenance owns the node).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use shared::rules::gates::GateReason;
 use shared::{MaintenancePhase, NodeMaintenanceStatus as Status};
 
 pub const QUEUED: &str = "Queued";
@@ -29,6 +32,8 @@ pub enum Cause {
     Progress,
     /// Waiting for a slot.
     WaitingForSlot,
+    /// Held by a fleet gate (`shared::rules::gates`); `lastError` says why.
+    Gate(GateReason),
     /// Evictions refused (PDB, eviction webhook); `lastError` says which.
     EvictionBlocked,
     /// Another operator holds the node's lease.
@@ -54,10 +59,11 @@ pub enum Cause {
 }
 
 impl Cause {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Cause::Progress => "Progress",
             Cause::WaitingForSlot => "WaitingForSlot",
+            Cause::Gate(reason) => reason.as_str(),
             Cause::EvictionBlocked => "EvictionBlocked",
             Cause::LeaseHeldByOther => "LeaseHeldByOther",
             Cause::LeaseError => "LeaseError",
@@ -102,6 +108,10 @@ pub fn conditions(
     let failed = phase == Some(&MaintenancePhase::Failed);
     let queued = phase == Some(&MaintenancePhase::Pending);
     let blocked = !failed && !queued && cause.blocks();
+    let queued_reason = match cause {
+        Cause::Gate(reason) => reason.as_str(),
+        _ => "WaitingForSlot",
+    };
     let mut out = Vec::with_capacity(5);
     let mut push = |type_: &str, on: bool, reason: &str, message: String| {
         out.push(condition(old, type_, on, reason, message, generation, now));
@@ -110,7 +120,7 @@ pub fn conditions(
     for (type_, on, reason, off_reason) in [
         (FAILED, failed, cause.as_str(), "NotFailed"),
         (BLOCKED, blocked, cause.as_str(), "NotBlocked"),
-        (QUEUED, queued, "WaitingForSlot", "NotQueued"),
+        (QUEUED, queued, queued_reason, "NotQueued"),
     ] {
         if on {
             push(type_, true, reason, status.last_error.clone());
@@ -233,6 +243,51 @@ pub fn blocked_news<'a>(old: &[Condition], new: &'a [Condition], cause: Cause) -
     (blocked_message(old) != Some(now.message.as_str())).then_some(now.message.as_str())
 }
 
+/// The `reason` label of `nmo_nodemaintenance_waiting` for each way to
+/// wait, in the order they are exposed.
+pub const WAITING_LABELS: [&str; 6] = [
+    "waiting_for_slot",
+    "paused_after_failure",
+    "alerts_firing",
+    "outside_window",
+    "max_unavailable",
+    "zone_budget",
+];
+
+/// The `nmo_nodemaintenance_waiting` label of a maintenance whose `Queued`
+/// condition holds (None: not waiting).
+pub fn waiting_label(conditions: &[Condition]) -> Option<&'static str> {
+    let queued = conditions
+        .iter()
+        .find(|c| c.type_ == QUEUED && c.status == "True")?;
+    Some(
+        GateReason::ALL
+            .into_iter()
+            .find(|r| r.as_str() == queued.reason)
+            .map_or(WAITING_LABELS[0], GateReason::metric_label),
+    )
+}
+
+/// After a write from `old` to `new` conditions: the gate now holding the
+/// maintenance and its message, when `Queued` turned True with a gate's
+/// reason or moved to another gate (one event per new wait, none per
+/// re-check).
+pub fn gate_news<'a>(old: &[Condition], new: &'a [Condition]) -> Option<(GateReason, &'a str)> {
+    let queued = |c: &[Condition]| {
+        c.iter()
+            .find(|c| c.type_ == QUEUED && c.status == "True")
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let now = new
+        .iter()
+        .find(|c| c.type_ == QUEUED && c.status == "True")?;
+    let reason = GateReason::ALL
+        .into_iter()
+        .find(|r| r.as_str() == now.reason)?;
+    let before = queued(old).map(|(reason, _)| reason);
+    (before.as_deref() != Some(reason.as_str())).then_some((reason, now.message.as_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,6 +331,20 @@ mod tests {
                 Cause::WaitingForSlot,
                 false,
                 vec!["WaitingForSlot"],
+            ),
+            (
+                "held by a gate: Queued names the gate",
+                status(Pending, 0, "waits for the maintenance window"),
+                Cause::Gate(GateReason::OutsideWindow),
+                false,
+                vec!["OutsideWindow"],
+            ),
+            (
+                "held by the zone budget",
+                status(Pending, 0, "waits: zone a"),
+                Cause::Gate(GateReason::ZoneBudget),
+                false,
+                vec!["ZoneBudget"],
             ),
             (
                 "first sight, before the node is touched",
@@ -527,5 +596,65 @@ mod tests {
         let mut again = c.clone();
         add_failure_cause(&mut again, "");
         assert_eq!(again, c);
+    }
+
+    #[test]
+    fn a_gate_wait_is_news_when_it_starts_or_moves_to_another_gate() {
+        let pending = |cause: Cause| {
+            conditions(
+                &[],
+                &status(MaintenancePhase::Pending, 0, "why"),
+                cause,
+                false,
+                0,
+                None,
+                &at(0),
+            )
+        };
+        let running = conditions(
+            &[],
+            &status(MaintenancePhase::Running, 1, ""),
+            Cause::Progress,
+            true,
+            0,
+            None,
+            &at(0),
+        );
+        let window = pending(Cause::Gate(GateReason::OutsideWindow));
+        let zone = pending(Cause::Gate(GateReason::ZoneBudget));
+        let slot = pending(Cause::WaitingForSlot);
+        type Case<'a> = (
+            &'a str,
+            &'a [Condition],
+            &'a [Condition],
+            Option<GateReason>,
+        );
+        let cases: Vec<Case> = vec![
+            ("first wait", &[], &window, Some(GateReason::OutsideWindow)),
+            (
+                "from a slot wait",
+                &slot,
+                &window,
+                Some(GateReason::OutsideWindow),
+            ),
+            ("the same gate again", &window, &window, None),
+            ("another gate", &window, &zone, Some(GateReason::ZoneBudget)),
+            ("a slot wait is not a gate", &[], &slot, None),
+            ("started", &window, &running, None),
+        ];
+        for (case, old, new, want) in cases {
+            let got = gate_news(old, new);
+            assert_eq!(got.map(|(r, _)| r), want, "{case}");
+            if let Some((_, message)) = got {
+                assert_eq!(message, "why", "{case}");
+            }
+        }
+        assert_eq!(waiting_label(&window), Some("outside_window"));
+        assert_eq!(waiting_label(&zone), Some("zone_budget"));
+        assert_eq!(waiting_label(&slot), Some("waiting_for_slot"));
+        assert_eq!(waiting_label(&running), None);
+        for r in GateReason::ALL {
+            assert!(WAITING_LABELS.contains(&r.metric_label()), "{r}");
+        }
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use shared::api::consts::LEADER_ELECTION_LEASE_NAME;
+use shared::serve::gate_flags::GateFlags;
 use shared::serve::goflags::GoBoolFlag as _;
 use shared::serve::telemetry::RuntimeFlags;
 
@@ -81,6 +82,10 @@ pub struct Config {
     /// write never holds a maintenance back. `=false` turns them off.
     #[arg(long, env = "NODE_LIFECYCLE_CONDITIONS", go_bool_default = true)]
     pub node_lifecycle_conditions: bool,
+
+    /// The fleet gates (shared with the webhook, which warns with them).
+    #[command(flatten)]
+    pub gates: GateFlags,
 }
 
 /// A duration in Go's syntax ("5s", "500ms", "1m30s"), above zero.

@@ -7,6 +7,7 @@ pub mod conflicts;
 pub mod drain;
 pub mod drain_wakes;
 pub mod events;
+pub mod fleet;
 pub mod leadership;
 pub mod metrics;
 pub mod node;

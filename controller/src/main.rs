@@ -15,7 +15,7 @@ use shared::serve::probes::{Gate, Readiness};
 
 use nmo_controller::config::Config;
 use nmo_controller::reconcile::{Ctx, MAX_CONCURRENT_RECONCILES, error_policy, reconcile};
-use nmo_controller::{drain_wakes, leadership, metrics, serving, watches};
+use nmo_controller::{drain_wakes, fleet, leadership, metrics, serving, watches};
 
 #[tokio::main]
 async fn main() {
@@ -44,6 +44,7 @@ async fn stopped_before_sync(signals: &shared::serve::shutdown::Signals, readine
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
+    let fleet = fleet::Fleet::new(cfg.gates.gates()).map_err(anyhow::Error::msg)?;
     let signals =
         shared::serve::shutdown::Signals::install().context("installing signal handlers")?;
     let readiness = Readiness::default();
@@ -59,7 +60,14 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let (leadership, election) =
         leadership::Leadership::start(client.clone(), &cfg, &metrics).await?;
     let (store, writer) = reflector::store();
-    let ctx = Arc::new(Ctx::new(&cfg, clients, store.clone(), metrics, &leadership));
+    let ctx = Arc::new(Ctx::new(
+        &cfg,
+        clients,
+        store.clone(),
+        metrics,
+        &leadership,
+        fleet,
+    ));
     let selector = &cfg.nodemaintenance_selector;
     let nms = watch_maintenances(&ctx, client.clone(), selector, writer, gate);
     register_kept_entries(&ctx)?;
@@ -124,7 +132,11 @@ fn register_kept_entries(ctx: &Arc<Ctx>) -> anyhow::Result<()> {
                 .map(|c| c.kept_entries().to_vec())
                 .unwrap_or_default()
         })
-        .context("registering nmo_controller_kept_entries")
+        .context("registering nmo_controller_kept_entries")?;
+    let waiting = Arc::downgrade(ctx);
+    ctx.metrics
+        .register_waiting(move || waiting.upgrade().map(|c| c.waiting()).unwrap_or_default())
+        .context("registering nmo_nodemaintenance_waiting")
 }
 
 /// The NodeMaintenance controller, reconciling on the watch `nms`, on node
@@ -154,7 +166,12 @@ fn controller(
         ctx.departures_watched.clone(),
     );
     let node_cache = ctx.node_cache.clone();
-    let nodes = watches::nodes(client, node_cache.clone());
+    let fleet_ctx = Arc::downgrade(&ctx);
+    let nodes = watches::nodes(client, node_cache.clone(), move |event| {
+        if let Some(ctx) = fleet_ctx.upgrade() {
+            ctx.fleet.observe(event);
+        }
+    });
     Controller::for_stream(nms, store.clone())
         .with_config(controller::Config::default().concurrency(limit))
         // The watches back off on their own and hand over no errors

@@ -97,14 +97,15 @@ impl ReconcileResult {
     }
 }
 
-/// The collector behind [`Metrics::register_kept_entries`].
-struct KeptEntries {
+/// A gauge family sampled at each scrape ([`Metrics::register_kept_entries`],
+/// [`Metrics::register_waiting`]).
+struct Sampled {
     gauge: IntGaugeVec,
     #[allow(clippy::type_complexity)]
     sample: Box<dyn Fn() -> Vec<(&'static str, usize)> + Send + Sync>,
 }
 
-impl prometheus::core::Collector for KeptEntries {
+impl prometheus::core::Collector for Sampled {
     fn desc(&self) -> Vec<&prometheus::core::Desc> {
         self.gauge.desc()
     }
@@ -207,16 +208,41 @@ impl Metrics {
         &self,
         sample: impl Fn() -> Vec<(&'static str, usize)> + Send + Sync + 'static,
     ) -> Result<(), prometheus::Error> {
-        let gauge = <IntGaugeVec as shared::serve::series::Family>::family(
+        self.register_sampled(
             "nmo_controller_kept_entries",
             "Entries the controller keeps in memory per NodeMaintenance or node, by store",
-            &["store"],
-            &[],
-        )?;
-        self.registry.register(Box::new(KeptEntries {
-            gauge,
-            sample: Box::new(sample),
-        }))
+            "store",
+            Box::new(sample),
+        )
+    }
+
+    /// A gauge family with one label, set from `sample` at each scrape.
+    fn register_sampled(
+        &self,
+        name: &str,
+        help: &str,
+        label: &str,
+        sample: Box<dyn Fn() -> Vec<(&'static str, usize)> + Send + Sync>,
+    ) -> Result<(), prometheus::Error> {
+        let gauge =
+            <IntGaugeVec as shared::serve::series::Family>::family(name, help, &[label], &[])?;
+        self.registry.register(Box::new(Sampled { gauge, sample }))
+    }
+
+    /// `nmo_nodemaintenance_waiting{reason}`: NodeMaintenances in phase
+    /// Pending by the reason of their `Queued` condition (WaitingForSlot or
+    /// a fleet gate), sampled by `sample` at each scrape; every reason is
+    /// there from the start.
+    pub fn register_waiting(
+        &self,
+        sample: impl Fn() -> Vec<(&'static str, usize)> + Send + Sync + 'static,
+    ) -> Result<(), prometheus::Error> {
+        self.register_sampled(
+            "nmo_nodemaintenance_waiting",
+            "NodeMaintenances waiting to start, by the reason of their Queued condition (a slot or a fleet gate)",
+            "reason",
+            Box::new(sample),
+        )
     }
 
     /// `controller_runtime_max_concurrent_reconciles`: how many reconciles the

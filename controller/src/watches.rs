@@ -141,18 +141,23 @@ fn show(metrics: &Metrics, nm: &NodeMaintenance) {
 /// Node changes that matter to a maintenance (cordon, taints, labels, a node
 /// recreated under the same name), as a stream of nodes, each decoded to
 /// just those fields (`shared::kube::partial`: a thousand nodes cost their names,
-/// labels and taints, not their status). Listed 100 at a time, so the first
-/// list never holds more than a small page of JSON.
+/// labels, taints and condition statuses, not their status). Listed 100 at a
+/// time, so the first list never holds more than a small page of JSON.
+/// `also` sees every event first (the fleet gates' node views).
 pub fn nodes(
     client: Client,
     cache: NodeCache,
+    also: impl Fn(&watcher::Event<NodeView>) + Send + 'static,
 ) -> impl Stream<Item = Result<NodeView, watcher::Error>> + Send + 'static {
     shared::kube::watch::reconnecting(watcher(
         Api::<NodeView>::all(client),
         watcher::Config::default().page_size(LIST_PAGE),
     ))
     .inspect(move |event| match event {
-        Ok(event) => cache.observe(event),
+        Ok(event) => {
+            cache.observe(event);
+            also(event);
+        }
         Err(e) => log_watch_error("nodes", e),
     })
     .applied_objects()

@@ -15,6 +15,7 @@ use shared::api::consts::{
 };
 use shared::{DrainTimeoutAction, MaintenancePhase, NodeMaintenanceStatus as Status, PodReference};
 
+use shared::rules::gates::GateReason;
 use shared::rules::slots::{self, SlotDecision};
 
 mod next;
@@ -76,6 +77,13 @@ pub enum Admission {
     Fail(Status),
     /// Write this status (phase Pending, why it waits) and check again soon.
     Wait(Status),
+    /// A fleet gate holds it: write this status (phase Pending, the gate's
+    /// message) with the gate's reason, and check again in `requeue`.
+    Gated {
+        status: Status,
+        reason: GateReason,
+        requeue: Duration,
+    },
     /// Go on. `first_sight`: record the starting point (see [`begin`]) first.
     Proceed { first_sight: bool },
 }
@@ -110,6 +118,22 @@ pub fn admit(status: &Status, slot: &SlotDecision, name: &str, node: &str) -> Ad
     }
     Admission::Proceed {
         first_sight: !touched_node(status.phase.as_ref()),
+    }
+}
+
+/// A maintenance the slots would admit but a fleet gate holds: phase
+/// Pending with the gate's message (Failed stays final).
+pub fn gated(status: &Status, reason: GateReason, message: String, requeue: Duration) -> Admission {
+    if status.phase == Some(MaintenancePhase::Failed) {
+        return Admission::Final;
+    }
+    let mut st = status.clone();
+    st.phase = Some(MaintenancePhase::Pending);
+    st.last_error = message;
+    Admission::Gated {
+        status: st,
+        reason,
+        requeue,
     }
 }
 

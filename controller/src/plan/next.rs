@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use shared::rules::gates::GateReason;
 use shared::rules::slots::SlotDecision;
 use shared::{DrainTimeoutAction, MaintenancePhase, NodeMaintenance, PodReference};
 use shared::{NodeMaintenanceStatus as Status, api::consts::FINALIZER};
@@ -117,6 +118,12 @@ impl Observed {
         );
         Observed { admission, ..self }
     }
+
+    /// `self` held by a fleet gate: `reason`, `message`, look again in `requeue`.
+    pub fn gated(self, reason: GateReason, message: String, requeue: Duration) -> Observed {
+        let admission = super::gated(&self.status(), reason, message, requeue);
+        Observed { admission, ..self }
+    }
 }
 
 /// What one pass does, applied in this order: metadata (finalizer, owner
@@ -190,6 +197,14 @@ fn next_apply(seen: &Observed, allow_force: bool) -> Plan {
         Admission::Wait(st) => {
             let why = Why::new(Cause::WaitingForSlot, false);
             return Plan::Write(write(st.clone(), why, Some(REQUEUE_PENDING)));
+        }
+        Admission::Gated {
+            status,
+            reason,
+            requeue,
+        } => {
+            let why = Why::new(Cause::Gate(*reason), false);
+            return Plan::Write(write(status.clone(), why, Some(*requeue)));
         }
         Admission::Proceed { first_sight } => *first_sight,
     };

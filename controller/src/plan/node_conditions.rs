@@ -67,7 +67,9 @@ impl Intent {
     pub fn of(plan: &Plan, pending: bool) -> Intent {
         match plan {
             Plan::Nothing | Plan::AddFinalizer => Intent::Silent,
-            Plan::Write(r) if r.why.cause == Cause::WaitingForSlot => Intent::Wait,
+            Plan::Write(r) if matches!(r.why.cause, Cause::WaitingForSlot | Cause::Gate(_)) => {
+                Intent::Wait
+            }
             Plan::Write(_) => Intent::Silent,
             Plan::Begin { .. } => Intent::Wait,
             Plan::Maintain { .. } => Intent::Maintain,

@@ -12,6 +12,7 @@ use crate::conflicts::ConflictStreaks;
 use crate::drain::Drainer;
 use crate::drain_wakes::WatchedNodes;
 use crate::events::Events;
+use crate::fleet::Fleet;
 use crate::leadership::Leadership;
 use crate::metrics::Metrics;
 use crate::node_cache::NodeCache;
@@ -46,6 +47,8 @@ pub struct Ctx {
     pub node_lifecycle_conditions: bool,
     /// The node lifecycle conditions last written per node.
     pub node_signals: super::NodeSignals,
+    /// The fleet gates and what they read (nodes, alerts).
+    pub fleet: Fleet,
 }
 
 impl Ctx {
@@ -55,6 +58,7 @@ impl Ctx {
         store: Store<NodeMaintenance>,
         metrics: Metrics,
         leadership: &Leadership,
+        fleet: Fleet,
     ) -> Ctx {
         let client = clients.api;
         Ctx {
@@ -80,6 +84,7 @@ impl Ctx {
             admissions: slots::Admissions::default(),
             node_lifecycle_conditions: cfg.node_lifecycle_conditions,
             node_signals: super::NodeSignals::default(),
+            fleet,
         }
     }
 
@@ -136,6 +141,24 @@ impl Ctx {
             ("admissions", self.admissions.len()),
             ("node_conditions", self.node_signals.len()),
         ]
+    }
+
+    /// `nmo_nodemaintenance_waiting`: the waiting maintenances in the cache
+    /// by the reason of their `Queued` condition, every reason listed.
+    pub fn waiting(&self) -> Vec<(&'static str, usize)> {
+        let mut counts: Vec<(&'static str, usize)> = crate::conditions::WAITING_LABELS
+            .iter()
+            .map(|l| (*l, 0))
+            .collect();
+        for nm in self.store.state() {
+            let conditions = nm.status.as_ref().map(|s| s.conditions.as_slice());
+            if let Some(label) = conditions.and_then(crate::conditions::waiting_label)
+                && let Some(entry) = counts.iter_mut().find(|(l, _)| *l == label)
+            {
+                entry.1 += 1;
+            }
+        }
+        counts
     }
 
     /// NodeMaintenance `name` as the API server has it now (None: gone).

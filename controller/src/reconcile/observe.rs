@@ -8,7 +8,8 @@
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use shared::api::consts::FINALIZER;
-use shared::{NodeMaintenance, rules::slots};
+use shared::rules::gates::AlertsSeen;
+use shared::{MaintenancePhase, NodeMaintenance, rules::slots};
 
 use super::{Ctx, Error};
 use crate::plan::{Admission, Lifecycle, NodeSeen, Observed};
@@ -25,19 +26,38 @@ pub(super) async fn observe(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Observ
     }
     let mut seen = observed(nm, lifecycle);
     if lifecycle == Lifecycle::Apply {
-        let all: Vec<slots::Entry> = ctx
-            .store
-            .state()
-            .iter()
-            .map(|o| slots::Entry::of(o))
-            .collect();
-        let own = slots::Entry::of(&seen.nm);
-        let slot = ctx
-            .admissions
-            .decide(&own, &all, ctx.max_concurrent_maintenances);
-        seen = seen.admitted(&slot);
+        seen = admitted(seen, ctx).await;
     }
     with_node(seen, ctx).await
+}
+
+/// `seen` with its admission: the slots (`--max-concurrent-maintenances`),
+/// then the fleet gates for one the slots would start, decided under the
+/// admissions' lock so two passes cannot both spend the last of a budget.
+async fn admitted(seen: Observed, ctx: &Ctx) -> Observed {
+    let all: Vec<slots::Entry> = ctx
+        .store
+        .state()
+        .iter()
+        .map(|o| slots::Entry::of(o))
+        .collect();
+    let own = slots::Entry::of(&seen.nm);
+    // Read outside the lock (a bounded request, cached a few seconds), and
+    // only for a maintenance that has not started.
+    let alerts = if own.phase.is_none() || own.phase == Some(MaintenancePhase::Pending) {
+        ctx.fleet.alerts().await
+    } else {
+        AlertsSeen::NotRead
+    };
+    let now = seen.now;
+    let gate = |me: &slots::Entry, all: &[slots::Entry]| ctx.fleet.hold(me, all, &alerts, now);
+    match ctx
+        .admissions
+        .decide_gated(&own, &all, ctx.max_concurrent_maintenances, gate)
+    {
+        Ok(slot) => seen.admitted(&slot),
+        Err(held) => seen.gated(held.reason, held.message, held.requeue),
+    }
 }
 
 /// `seen` with its node, when the pass needs it.

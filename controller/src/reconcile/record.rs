@@ -139,7 +139,8 @@ fn status_body(new: &NodeMaintenanceStatus) -> Value {
 }
 
 /// After a status write from `old` to `new`: the transition's event, a
-/// DrainBlocked when the pods in the way changed, and a failed
+/// DrainBlocked when the pods in the way changed, a Normal event named
+/// after the gate when a fleet gate starts holding it, and a failed
 /// maintenance's node cache entry retired (Failed is final and the node was
 /// given back). The per-maintenance gauges follow the watch (watches.rs).
 async fn announce(
@@ -157,6 +158,9 @@ async fn announce(
     }
     if let Some(blockers) = conditions::drain_blocked_news(&old.conditions, &new.conditions) {
         ctx.events.warn(nm, EVENT_DRAIN_BLOCKED, blockers).await;
+    }
+    if let Some((gate, message)) = conditions::gate_news(&old.conditions, &new.conditions) {
+        ctx.events.note(nm, gate.as_str(), message).await;
     }
 }
 

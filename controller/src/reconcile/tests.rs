@@ -5,6 +5,7 @@
 //! against a real API server.
 
 mod fake;
+mod gates;
 mod node_signals;
 mod scenarios;
 
@@ -45,7 +46,8 @@ pub(super) async fn fake_ctx_with(api: &FakeApi, flags: &[&str]) -> Arc<Ctx> {
         api: client.clone(),
         evict: client,
     };
-    Arc::new(Ctx::new(&cfg, clients, store, metrics, &leadership))
+    let fleet = crate::fleet::Fleet::new(cfg.gates.gates()).expect("the gates of the test flags");
+    Arc::new(Ctx::new(&cfg, clients, store, metrics, &leadership, fleet))
 }
 
 fn nm(reason: &str) -> NodeMaintenance {

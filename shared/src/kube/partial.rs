@@ -138,13 +138,41 @@ macro_rules! lean_resource {
     };
 }
 
-/// A Node as the controller watches it: name, uid, labels, cordon, taints.
+/// A Node as the controller watches it: name, uid, labels, cordon, taints,
+/// and the status of its conditions (Ready, for the fleet gates).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct NodeView {
     #[serde(deserialize_with = "meta")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: Option<NodeSpecView>,
+    #[serde(default)]
+    pub status: Option<NodeStatusView>,
+}
+
+impl NodeView {
+    /// Condition Ready is True (False, Unknown or missing: not ready).
+    pub fn ready(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|c| c.status == "True")
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct NodeStatusView {
+    /// Type and status of each condition only (no messages, no heartbeats).
+    #[serde(default)]
+    pub conditions: Option<Vec<NodeConditionView>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct NodeConditionView {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -329,9 +357,21 @@ mod tests {
             },
             "spec": {"unschedulable": true, "podCIDR": "10.0.0.0/24",
                      "taints": [{"key": "medik8s.io/drain", "effect": "NoSchedule"}]},
-            "status": {"images": [{"names": ["a"], "sizeBytes": 1}], "capacity": {"cpu": "4"}}
+            "status": {"images": [{"names": ["a"], "sizeBytes": 1}], "capacity": {"cpu": "4"},
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                       "message": "kubelet is posting ready status",
+                                       "lastHeartbeatTime": "2026-12-05T10:00:00Z"}]}
         }))
         .expect("node");
+        assert!(node.ready());
+        assert_eq!(
+            node.status.as_ref().and_then(|s| s.conditions.clone()),
+            Some(vec![NodeConditionView {
+                type_: "Ready".into(),
+                status: "True".into()
+            }]),
+            "type and status only"
+        );
         assert_eq!(node.metadata.name.as_deref(), Some("worker-1"));
         assert_eq!(node.metadata.uid.as_deref(), Some("u1"));
         assert!(node.metadata.annotations.is_none());

@@ -112,7 +112,25 @@ pub struct NodeView {
 }
 
 impl NodeView {
-    /// The one place a Node becomes a view.
+    /// A watched node ([`crate::kube::partial::NodeView`]) as a view.
+    pub fn of_watched(node: &crate::kube::partial::NodeView, zone_label: &str) -> NodeView {
+        NodeView {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            zone: node
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(zone_label).cloned()),
+            ready: node.ready(),
+            cordoned: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+        }
+    }
+
+    /// A Node as a view.
     pub fn of(node: &Node, zone_label: &str) -> NodeView {
         let ready = node
             .status

@@ -1,0 +1,283 @@
+//! What the fleet gates read beyond the NodeMaintenances
+//! (`shared::rules::gates`): every node as a small view, kept from the node
+//! watch only when a node gate is set (`--max-unavailable`,
+//! `--max-concurrent-per-zone`), and the firing alerts, read at most every
+//! [`ALERTS_TTL`] and only when `--block-on-alerts-url` is set. The decision
+//! itself stays pure; this only gathers its inputs.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::watcher;
+use shared::kube::partial;
+use shared::rules::gates::{self, AlertsSeen, GateDecision, Gates, NodeView};
+use shared::rules::slots::Entry;
+use shared::rules::sync::LockExt;
+use shared::serve::alert_source::AlertSource;
+
+/// How long an answer about the alerts is used (and how often a maintenance
+/// held by them looks again).
+pub const ALERTS_TTL: Duration = Duration::from_secs(5);
+/// The longest a maintenance outside every window sleeps before it looks
+/// again (the clock or the flags may have changed meanwhile).
+const WINDOW_RECHECK_MAX: Duration = Duration::from_secs(3600);
+
+pub struct Fleet {
+    pub gates: Gates,
+    nodes: Mutex<Nodes>,
+    alerts: Option<Alerts>,
+}
+
+#[derive(Default)]
+struct Nodes {
+    live: BTreeMap<String, NodeView>,
+    /// A re-list in progress: replaces `live` once complete.
+    relist: Option<BTreeMap<String, NodeView>>,
+}
+
+struct Alerts {
+    source: AlertSource,
+    /// The last answer and when it was read; one read at a time.
+    last: tokio::sync::Mutex<Option<(Instant, AlertsSeen)>>,
+}
+
+impl Fleet {
+    /// The gates and what they need. An unusable `--block-on-alerts-url`
+    /// is an error naming the flag.
+    pub fn new(gates: Gates) -> Result<Fleet, String> {
+        let alerts = match &gates.alerts {
+            Some(gate) => Some(Alerts {
+                source: AlertSource::new(&gate.url)?,
+                last: tokio::sync::Mutex::new(None),
+            }),
+            None => None,
+        };
+        Ok(Fleet {
+            gates,
+            nodes: Mutex::default(),
+            alerts,
+        })
+    }
+
+    /// A node watch event (every node), kept only when a node gate is set.
+    pub fn observe(&self, event: &watcher::Event<partial::NodeView>) {
+        if !self.gates.needs_nodes() {
+            return;
+        }
+        let view = |n: &partial::NodeView| NodeView::of_watched(n, &self.gates.zone_label);
+        let mut nodes = self.nodes.locked();
+        match event {
+            watcher::Event::Init => nodes.relist = Some(BTreeMap::new()),
+            watcher::Event::InitApply(n) => {
+                let v = view(n);
+                if let Some(relist) = nodes.relist.as_mut() {
+                    relist.insert(v.name.clone(), v);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(relist) = nodes.relist.take() {
+                    nodes.live = relist;
+                }
+            }
+            watcher::Event::Apply(n) => {
+                let v = view(n);
+                nodes.live.insert(v.name.clone(), v);
+            }
+            watcher::Event::Delete(n) => {
+                if let Some(name) = n.metadata.name.as_deref() {
+                    nodes.live.remove(name);
+                }
+            }
+        }
+    }
+
+    /// Nodes known (0 unless a node gate is set).
+    pub fn nodes_len(&self) -> usize {
+        self.nodes.locked().live.len()
+    }
+
+    /// The alerts for a decision: `NotRead` when the gate is off, else the
+    /// last answer if younger than [`ALERTS_TTL`], else a fresh read.
+    pub async fn alerts(&self) -> AlertsSeen {
+        let Some(alerts) = &self.alerts else {
+            return AlertsSeen::NotRead;
+        };
+        let mut last = alerts.last.lock().await;
+        if let Some((at, seen)) = last.as_ref()
+            && at.elapsed() < ALERTS_TTL
+        {
+            return seen.clone();
+        }
+        let seen = match alerts.source.alerts().await {
+            Ok(list) => AlertsSeen::Read(list),
+            Err(e) => {
+                tracing::warn!(url = %alerts.source.url(), error = %e, "could not read the alerts: no maintenance starts until they can be read (--block-on-alerts-url)");
+                AlertsSeen::Failed(e)
+            }
+        };
+        *last = Some((Instant::now(), seen.clone()));
+        seen
+    }
+
+    /// The gates' answer for `me` among `all`, with `alerts` as read and
+    /// the nodes as watched: `None` may start, else why it waits and when
+    /// to look again.
+    pub fn hold(
+        &self,
+        me: &Entry,
+        all: &[Entry],
+        alerts: &AlertsSeen,
+        now: Timestamp,
+    ) -> Option<Held> {
+        let nodes: Vec<NodeView> = if self.gates.needs_nodes() {
+            self.nodes.locked().live.values().cloned().collect()
+        } else {
+            Vec::new()
+        };
+        let observed = gates::Observed {
+            nodes: &nodes,
+            now,
+            alerts,
+        };
+        match gates::may_start(me, all, &observed, &self.gates) {
+            GateDecision::Start => None,
+            GateDecision::Wait { reason, message } => Some(Held {
+                requeue: recheck_after(&self.gates, reason, now),
+                reason,
+                message,
+            }),
+        }
+    }
+}
+
+/// A maintenance a gate holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    pub reason: gates::GateReason,
+    pub message: String,
+    pub requeue: Duration,
+}
+
+/// When a maintenance held for `reason` looks again: at the next window's
+/// start (at most an hour away), after [`ALERTS_TTL`] for the alerts, and
+/// as a slot wait does for the others (node and maintenance changes also
+/// wake it).
+pub fn recheck_after(gates: &Gates, reason: gates::GateReason, now: Timestamp) -> Duration {
+    match reason {
+        gates::GateReason::OutsideWindow => gates::next_window_start(gates, now)
+            .and_then(|at| Duration::try_from(at.duration_since(now)).ok())
+            .map_or(WINDOW_RECHECK_MAX, |d| {
+                (d + Duration::from_millis(100)).min(WINDOW_RECHECK_MAX)
+            }),
+        gates::GateReason::AlertsFiring => ALERTS_TTL,
+        _ => crate::plan::REQUEUE_PENDING,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gates::GateReason::*;
+
+    fn at(text: &str) -> Timestamp {
+        text.parse().expect("a timestamp")
+    }
+
+    #[test]
+    fn when_a_held_maintenance_looks_again() {
+        let gates = Gates {
+            windows: vec!["0 2 * * * 1h UTC".parse().expect("window")],
+            ..Gates::default()
+        };
+        let cases = [
+            (
+                "window in 30 min",
+                OutsideWindow,
+                "2026-12-05T01:30:00Z",
+                1_800_100,
+            ),
+            (
+                "window in 23 h: an hour",
+                OutsideWindow,
+                "2026-12-05T03:00:00Z",
+                3_600_000,
+            ),
+            ("alerts", AlertsFiring, "2026-12-05T03:00:00Z", 5000),
+            ("zone", ZoneBudget, "2026-12-05T03:00:00Z", 2000),
+            (
+                "max unavailable",
+                MaxUnavailable,
+                "2026-12-05T03:00:00Z",
+                2000,
+            ),
+            ("paused", PausedAfterFailure, "2026-12-05T03:00:00Z", 2000),
+        ];
+        for (case, reason, now, ms) in cases {
+            assert_eq!(
+                recheck_after(&gates, reason, at(now)),
+                Duration::from_millis(ms),
+                "{case}"
+            );
+        }
+    }
+
+    fn node(name: &str, ready: &str) -> partial::NodeView {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": "a"}},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]}
+        }))
+        .expect("node")
+    }
+
+    #[test]
+    fn node_views_follow_the_watch_and_a_relist_replaces_them() {
+        let fleet = Fleet::new(Gates {
+            max_per_zone: 1,
+            ..Gates::default()
+        })
+        .expect("fleet");
+        fleet.observe(&watcher::Event::Apply(node("n1", "True")));
+        fleet.observe(&watcher::Event::Apply(node("n2", "False")));
+        assert_eq!(fleet.nodes_len(), 2);
+        fleet.observe(&watcher::Event::Delete(node("n1", "True")));
+        assert_eq!(fleet.nodes_len(), 1);
+        fleet.observe(&watcher::Event::Init);
+        fleet.observe(&watcher::Event::InitApply(node("n3", "True")));
+        assert_eq!(
+            fleet.nodes_len(),
+            1,
+            "the old list stays until the new one is complete"
+        );
+        fleet.observe(&watcher::Event::InitDone);
+        let live: Vec<(String, bool)> = fleet
+            .nodes
+            .locked()
+            .live
+            .values()
+            .map(|v| (v.name.clone(), v.ready))
+            .collect();
+        assert_eq!(live, vec![("n3".to_string(), true)]);
+    }
+
+    #[test]
+    fn no_node_gate_keeps_no_nodes() {
+        let fleet = Fleet::new(Gates::default()).expect("fleet");
+        fleet.observe(&watcher::Event::Apply(node("n1", "True")));
+        assert_eq!(fleet.nodes_len(), 0);
+    }
+
+    #[test]
+    fn a_bad_alerts_url_names_the_flag() {
+        let gates = Gates {
+            alerts: Some(gates::AlertGate {
+                url: "https://prometheus:9090".into(),
+                filter: gates::AlertFilter::default(),
+            }),
+            ..Gates::default()
+        };
+        let err = Fleet::new(gates).err().unwrap_or_default();
+        assert!(err.contains("--block-on-alerts-url"), "{err}");
+    }
+}

@@ -1,0 +1,117 @@
+//! The fleet gates pass by pass against the fake API server: a held
+//! maintenance is Pending with the gate's reason in `Queued`, says so once
+//! in an event, never touches its node, and starts once the gate lets it.
+
+use serde_json::Value;
+
+use super::fake::{self, FakeApi, NODE_PATH, condition};
+use super::fake_ctx_with;
+use super::scenarios::{new_nm, pass, phase, pods};
+
+/// A window that opens on 29 February only: closed whenever these run
+/// (except that day, when the test says so instead of failing).
+const LEAP_DAY_WINDOW: &str = "--maintenance-window=0 0 29 2 * 1m UTC";
+
+fn queued(api: &FakeApi) -> Option<(String, String)> {
+    condition(&api.status(), "Queued")
+}
+
+fn last_error(api: &FakeApi) -> String {
+    api.status()["lastError"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn outside_every_window_it_waits_and_says_when_the_next_opens() {
+    let today =
+        k8s_openapi::jiff::Zoned::now().with_time_zone(k8s_openapi::jiff::tz::TimeZone::UTC);
+    if today.month() == 2 && today.day() == 29 {
+        eprintln!("29 February: the leap-day window is open today; nothing to check");
+        return;
+    }
+    let api = FakeApi::start();
+    api.put(NODE_PATH, fake::node("worker-1"));
+    pods(&api, false);
+    let ctx = fake_ctx_with(
+        &api,
+        &["--node-lifecycle-conditions=false", LEAP_DAY_WINDOW],
+    )
+    .await;
+    new_nm(&api);
+    pass(&api, &ctx).await.expect("finalizer");
+    api.calls();
+    api.events();
+    let action = pass(&api, &ctx).await.expect("held");
+    assert_eq!(phase(&api), "Pending");
+    assert_eq!(
+        queued(&api),
+        Some(("True".to_string(), "OutsideWindow".to_string()))
+    );
+    let err = last_error(&api);
+    assert!(
+        err.contains("next window starts") && err.contains("--maintenance-window"),
+        "{err}"
+    );
+    assert_eq!(
+        api.events(),
+        vec![("Normal".to_string(), "OutsideWindow".to_string())]
+    );
+    let calls = api.calls();
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.contains("/nodes/") || c.contains("/leases/")),
+        "a held maintenance touches neither node nor lease: {calls:?}"
+    );
+    assert!(
+        format!("{action:?}").contains("requeue_after: Some"),
+        "it looks again on its own: {action:?}"
+    );
+    pass(&api, &ctx).await.expect("held again");
+    assert!(api.events().is_empty(), "one event per wait, not per check");
+    assert_eq!(phase(&api), "Pending");
+}
+
+#[tokio::test]
+async fn an_unreachable_prometheus_holds_every_start() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let url = format!("--block-on-alerts-url=http://127.0.0.1:{port}");
+    let api = FakeApi::start();
+    api.put(NODE_PATH, fake::node("worker-1"));
+    pods(&api, false);
+    let ctx = fake_ctx_with(&api, &["--node-lifecycle-conditions=false", &url]).await;
+    new_nm(&api);
+    pass(&api, &ctx).await.expect("finalizer");
+    pass(&api, &ctx).await.expect("held");
+    assert_eq!(phase(&api), "Pending");
+    assert_eq!(
+        queued(&api),
+        Some(("True".to_string(), "AlertsFiring".to_string()))
+    );
+    let err = last_error(&api);
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}")),
+        "names the URL: {err}"
+    );
+}
+
+#[tokio::test]
+async fn without_gates_it_starts_as_before() {
+    let api = FakeApi::start();
+    api.put(NODE_PATH, fake::node("worker-1"));
+    pods(&api, false);
+    let ctx = fake_ctx_with(&api, &["--node-lifecycle-conditions=false"]).await;
+    new_nm(&api);
+    pass(&api, &ctx).await.expect("finalizer");
+    pass(&api, &ctx).await.expect("first sight");
+    assert_eq!(phase(&api), Value::from("Running"));
+    assert_eq!(
+        queued(&api),
+        Some(("False".to_string(), "NotQueued".to_string()))
+    );
+}
