@@ -114,20 +114,8 @@ pub struct NodeView {
 impl NodeView {
     /// A watched node ([`crate::kube::partial::NodeView`]) as a view.
     pub fn of_watched(node: &crate::kube::partial::NodeView, zone_label: &str) -> NodeView {
-        NodeView {
-            name: node.metadata.name.clone().unwrap_or_default(),
-            zone: node
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(zone_label).cloned()),
-            ready: node.ready(),
-            cordoned: node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false),
-        }
+        let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable);
+        NodeView::from_parts(&node.metadata, node.ready(), unschedulable, zone_label)
     }
 
     /// A Node as a view.
@@ -138,19 +126,24 @@ impl NodeView {
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
             .is_some_and(|c| c.status == "True");
+        let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable);
+        NodeView::from_parts(&node.metadata, ready, unschedulable, zone_label)
+    }
+
+    fn from_parts(
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        ready: bool,
+        unschedulable: Option<bool>,
+        zone_label: &str,
+    ) -> NodeView {
         NodeView {
-            name: node.metadata.name.clone().unwrap_or_default(),
-            zone: node
-                .metadata
+            name: meta.name.clone().unwrap_or_default(),
+            zone: meta
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(zone_label).cloned()),
             ready,
-            cordoned: node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false),
+            cordoned: unschedulable.unwrap_or(false),
         }
     }
 }
