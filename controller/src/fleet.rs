@@ -121,30 +121,44 @@ impl Fleet {
         seen
     }
 
-    /// The gates' answer for `me` among `all`, with `alerts` as read and
-    /// the nodes as watched: `None` may start, else why it waits and when
-    /// to look again.
-    pub fn hold(
-        &self,
-        me: &Entry,
-        all: &[Entry],
-        alerts: &AlertsSeen,
-        now: Timestamp,
-    ) -> Option<Held> {
+    /// A judge of one decision: the nodes as watched now, `alerts` as
+    /// read, the time `now`.
+    pub fn judge<'a>(&'a self, alerts: &'a AlertsSeen, now: Timestamp) -> Judge<'a> {
         let nodes: Vec<NodeView> = if self.gates.needs_nodes() {
             self.nodes.locked().live.values().cloned().collect()
         } else {
             Vec::new()
         };
-        let observed = gates::Observed {
-            nodes: &nodes,
-            now,
+        Judge {
+            gates: &self.gates,
+            nodes,
             alerts,
+            now,
+        }
+    }
+}
+
+/// What one decision judges by (see [`Fleet::judge`]).
+pub struct Judge<'a> {
+    gates: &'a Gates,
+    nodes: Vec<NodeView>,
+    alerts: &'a AlertsSeen,
+    now: Timestamp,
+}
+
+impl Judge<'_> {
+    /// The gates' answer for `me` among `all`: `None` may start, else why
+    /// it waits and when to look again.
+    pub fn hold(&self, me: &Entry, all: &[Entry]) -> Option<Held> {
+        let observed = gates::Observed {
+            nodes: &self.nodes,
+            now: self.now,
+            alerts: self.alerts,
         };
-        match gates::may_start(me, all, &observed, &self.gates) {
+        match gates::may_start(me, all, &observed, self.gates) {
             GateDecision::Start => None,
             GateDecision::Wait { reason, message } => Some(Held {
-                requeue: recheck_after(&self.gates, reason, now),
+                requeue: recheck_after(self.gates, reason, self.now),
                 reason,
                 message,
             }),

@@ -49,8 +49,8 @@ async fn admitted(seen: Observed, ctx: &Ctx) -> Observed {
     } else {
         AlertsSeen::NotRead
     };
-    let now = seen.now;
-    let gate = |me: &slots::Entry, all: &[slots::Entry]| ctx.fleet.hold(me, all, &alerts, now);
+    let judge = ctx.fleet.judge(&alerts, seen.now);
+    let gate = |me: &slots::Entry, all: &[slots::Entry]| judge.hold(me, all);
     match ctx
         .admissions
         .decide_gated(&own, &all, ctx.max_concurrent_maintenances, gate)

@@ -171,18 +171,21 @@ impl Admissions {
         }
     }
 
-    /// [`Admissions::decide`] with the fleet gates: when the slots would
-    /// admit `me` (not yet started), `gate` sees `me` and `all` as counted
-    /// here (this process's admissions the cache does not show yet count
-    /// as Running) and may make it wait instead: `Err(wait)`, nothing
-    /// recorded. The gate runs under the same lock as the record, so two
-    /// decisions cannot both spend the last of a budget.
+    /// [`Admissions::decide`] with the fleet gates: for `me` not yet
+    /// started, `gate` sees `me` and `all` as counted here (this process's
+    /// admissions the cache does not show yet count as Running) and may
+    /// make it wait instead: `Err(wait)`, nothing recorded. The slots
+    /// decide first; in their queue, an earlier
+    /// maintenance that a gate holds takes no slot ahead of `me` (it waits
+    /// for something else: its zone, say). The gate runs under the same
+    /// lock as the record, so two decisions cannot both spend the last of
+    /// a budget.
     pub fn decide_gated<W>(
         &self,
         me: &Entry,
         all: &[Entry],
         max: usize,
-        gate: impl FnOnce(&Entry, &[Entry]) -> Option<W>,
+        gate: impl Fn(&Entry, &[Entry]) -> Option<W>,
     ) -> Result<SlotDecision, W> {
         let mut decided = self.decided.locked();
         // The cache has caught up with these (or they are gone): it decides.
@@ -199,13 +202,26 @@ impl Admissions {
         };
         let all: Vec<Entry> = all.iter().map(counted).collect();
         let me_counted = counted(me);
-        let decision = decide(&me_counted, &all, max);
-        if decision == SlotDecision::Admitted && !me_counted.admitted() {
-            if let Some(wait) = gate(&me_counted, &all) {
-                return Err(wait);
-            }
-            decided.insert((me.name.clone(), me.created.clone()));
+        let mut decision = decide(&me_counted, &all, max);
+        if me_counted.admitted() || matches!(decision, SlotDecision::Duplicate { .. }) {
+            return Ok(decision);
         }
+        if let SlotDecision::Wait { .. } = decision {
+            let free = max.saturating_sub(holders(&all).len());
+            let ahead = queue(&all)
+                .into_iter()
+                .take_while(|e| e.name != me.name)
+                .filter(|e| gate(e, &all).is_none())
+                .count();
+            if ahead >= free {
+                return Ok(decision);
+            }
+            decision = SlotDecision::Admitted;
+        }
+        if let Some(wait) = gate(&me_counted, &all) {
+            return Err(wait);
+        }
+        decided.insert((me.name.clone(), me.created.clone()));
         Ok(decision)
     }
 }

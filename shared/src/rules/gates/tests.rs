@@ -785,3 +785,53 @@ fn a_new_one_not_in_the_cache_queues_last() {
         GateDecision::Start
     );
 }
+
+/// The slots and a budget together: an earlier maintenance a zone holds
+/// takes no slot ahead of a later one in a free zone; one that would start
+/// still does.
+#[test]
+fn a_gate_held_maintenance_takes_no_slot_ahead() {
+    let gates = per_zone(1);
+    let nodes = fleet();
+    let alerts = AlertsSeen::NotRead;
+    let observed = observe(&nodes, &alerts, "2026-12-14T00:00:00Z");
+    let gate = |me: &Entry, all: &[Entry]| match may_start(me, all, &observed, &gates) {
+        GateDecision::Start => None,
+        wait => Some(wait),
+    };
+    let zone_of = |n: &str| {
+        nodes
+            .iter()
+            .find(|v| v.name == n)
+            .and_then(|v| v.zone.clone())
+    };
+    let other_zone = nodes
+        .iter()
+        .find(|v| v.zone != zone_of("n0"))
+        .map(|v| v.name.clone())
+        .expect("a node in another zone");
+    let running = e("a", "n0", "1", Some(crate::MaintenancePhase::Running));
+    let held = e("b", "n1", "2", None);
+    assert_eq!(
+        zone_of("n1"),
+        zone_of("n0"),
+        "the fleet puts n0 and n1 in one zone"
+    );
+    let later = e("c", &other_zone, "3", None);
+    let cache = vec![running.clone(), held.clone(), later.clone()];
+    let admissions = Admissions::default();
+    let c = admissions.decide_gated(&later, &cache, 2, gate);
+    assert_eq!(
+        c,
+        Ok(SlotDecision::Admitted),
+        "b waits for its zone, c takes the free slot"
+    );
+    assert_eq!(admissions.len(), 1);
+    // Without the zone gate b would start: c waits for the slot behind it.
+    let admissions = Admissions::default();
+    let no_gate = |_: &Entry, _: &[Entry]| None::<GateDecision>;
+    assert!(matches!(
+        admissions.decide_gated(&later, &cache, 2, no_gate),
+        Ok(SlotDecision::Wait { position: 1, .. })
+    ));
+}
