@@ -665,6 +665,17 @@ fn needs_say_what_to_gather() {
     }
 }
 
+/// [`may_start`] as the gate [`Admissions::decide_gated`] takes.
+fn as_gate<'a>(
+    observed: &'a Observed<'a>,
+    gates: &'a Gates,
+) -> impl Fn(&Entry, &[Entry]) -> Option<GateDecision> + 'a {
+    move |me, all| match may_start(me, all, observed, gates) {
+        GateDecision::Start => None,
+        wait => Some(wait),
+    }
+}
+
 /// Through the admissions record: a start this process decided counts
 /// against the zone before the cache shows it Running, and a wait is not
 /// recorded as an admission.
@@ -674,10 +685,7 @@ fn admissions_count_for_the_gates() {
     let nodes = fleet();
     let alerts = AlertsSeen::NotRead;
     let observed = observe(&nodes, &alerts, "2026-12-14T00:00:00Z");
-    let gate = |me: &Entry, all: &[Entry]| match may_start(me, all, &observed, &gates) {
-        GateDecision::Start => None,
-        wait => Some(wait),
-    };
+    let gate = as_gate(&observed, &gates);
     let a = e("a", "n0", "1", None);
     let b = e("b", "n1", "2", None);
     let cache = vec![a.clone(), b.clone()];
@@ -795,10 +803,7 @@ fn a_gate_held_maintenance_takes_no_slot_ahead() {
     let nodes = fleet();
     let alerts = AlertsSeen::NotRead;
     let observed = observe(&nodes, &alerts, "2026-12-14T00:00:00Z");
-    let gate = |me: &Entry, all: &[Entry]| match may_start(me, all, &observed, &gates) {
-        GateDecision::Start => None,
-        wait => Some(wait),
-    };
+    let gate = as_gate(&observed, &gates);
     let zone_of = |n: &str| {
         nodes
             .iter()
