@@ -691,10 +691,10 @@ fn admissions_count_for_the_gates() {
     let cache = vec![a.clone(), b.clone()];
     let admissions = Admissions::default();
     assert_eq!(
-        admissions.decide_gated(&a, &cache, 0, gate),
+        admissions.decide_gated(&a, &cache, 0, &gate),
         Ok(SlotDecision::Admitted)
     );
-    let waited = admissions.decide_gated(&b, &cache, 0, gate);
+    let waited = admissions.decide_gated(&b, &cache, 0, &gate);
     assert!(
         matches!(&waited, Err(GateDecision::Wait { reason: GateReason::ZoneBudget, message }) if message.contains("a (node n0)")),
         "{waited:?}"
@@ -702,12 +702,12 @@ fn admissions_count_for_the_gates() {
     assert_eq!(admissions.len(), 1, "the wait is not recorded");
     // A started one is not gated again.
     assert_eq!(
-        admissions.decide_gated(&a, &cache, 0, gate),
+        admissions.decide_gated(&a, &cache, 0, &gate),
         Ok(SlotDecision::Admitted)
     );
     // A slot wait comes before the gates.
     assert!(matches!(
-        admissions.decide_gated(&b, &cache, 1, gate),
+        admissions.decide_gated(&b, &cache, 1, &gate),
         Ok(SlotDecision::Wait { .. })
     ));
 }
@@ -825,7 +825,7 @@ fn a_gate_held_maintenance_takes_no_slot_ahead() {
     let later = e("c", &other_zone, "3", None);
     let cache = vec![running.clone(), held.clone(), later.clone()];
     let admissions = Admissions::default();
-    let c = admissions.decide_gated(&later, &cache, 2, gate);
+    let c = admissions.decide_gated(&later, &cache, 2, &gate);
     assert_eq!(
         c,
         Ok(SlotDecision::Admitted),
