@@ -67,25 +67,28 @@ impl Fleet {
             return;
         }
         let view = |n: &partial::NodeView| NodeView::of_watched(n, &self.gates.zone_label);
+        let counts = |n: &partial::NodeView| self.gates.counts_node(n.metadata.labels.as_ref());
         let mut nodes = self.nodes.locked();
         match event {
             watcher::Event::Init => nodes.relist = Some(BTreeMap::new()),
-            watcher::Event::InitApply(n) => {
+            watcher::Event::InitApply(n) if counts(n) => {
                 let v = view(n);
                 if let Some(relist) = nodes.relist.as_mut() {
                     relist.insert(v.name.clone(), v);
                 }
             }
+            watcher::Event::InitApply(_) => {}
             watcher::Event::InitDone => {
                 if let Some(relist) = nodes.relist.take() {
                     nodes.live = relist;
                 }
             }
-            watcher::Event::Apply(n) => {
+            watcher::Event::Apply(n) if counts(n) => {
                 let v = view(n);
                 nodes.live.insert(v.name.clone(), v);
             }
-            watcher::Event::Delete(n) => {
+            // A node that no longer carries the selector's labels leaves.
+            watcher::Event::Apply(n) | watcher::Event::Delete(n) => {
                 if let Some(name) = n.metadata.name.as_deref() {
                     nodes.live.remove(name);
                 }
@@ -237,6 +240,8 @@ mod tests {
         }
     }
 
+    const ZONE: &str = "topology.kubernetes.io/zone";
+
     fn node(name: &str, ready: &str) -> partial::NodeView {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": "a"}},
@@ -257,6 +262,18 @@ mod tests {
         assert_eq!(fleet.nodes_len(), 2);
         fleet.observe(&watcher::Event::Delete(node("n1", "True")));
         assert_eq!(fleet.nodes_len(), 1);
+        let mut relabelled = node("n2", "False");
+        relabelled.metadata.labels = None;
+        let selective = Fleet::new(Gates {
+            max_per_zone: 1,
+            node_selector: [(ZONE.to_string(), "a".to_string())].into(),
+            ..Gates::default()
+        })
+        .expect("fleet");
+        selective.observe(&watcher::Event::Apply(node("n2", "False")));
+        assert_eq!(selective.nodes_len(), 1, "selected");
+        selective.observe(&watcher::Event::Apply(relabelled));
+        assert_eq!(selective.nodes_len(), 0, "no longer selected: left");
         fleet.observe(&watcher::Event::Init);
         fleet.observe(&watcher::Event::InitApply(node("n3", "True")));
         assert_eq!(

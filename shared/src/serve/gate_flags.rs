@@ -3,6 +3,8 @@
 //! Deployments carry the same values (as for `--max-concurrent-maintenances`).
 //! Every flag also comes from the environment. Defaults gate nothing.
 
+use std::collections::BTreeMap;
+
 use clap::Args;
 
 use crate::rules::gates::{AlertFilter, AlertGate, DEFAULT_ZONE_LABEL, Gates, MaxUnavailable};
@@ -58,6 +60,32 @@ pub struct GateFlags {
         requires = "block_on_alerts_url"
     )]
     pub block_on_alerts_filter: AlertFilter,
+
+    /// The nodes the budgets count (--max-unavailable's total and
+    /// unavailable ones, the zones): those carrying every label of
+    /// "key=value[,key=value]". Empty: every node. For one node pool, or
+    /// to leave out nodes another team runs.
+    #[arg(long, env = "FLEET_NODE_SELECTOR", default_value = "", value_name = "LABELS", value_parser = equality_selector)]
+    pub fleet_node_selector: Selector,
+}
+
+/// A parsed `--fleet-node-selector`.
+#[derive(Debug, Clone, Default)]
+pub struct Selector(pub BTreeMap<String, String>);
+
+/// "key=value[,key=value]" (equality only); empty selects every node.
+fn equality_selector(text: &str) -> Result<Selector, String> {
+    let mut labels = BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .filter(|(k, v)| !k.trim().is_empty() && !v.contains(['=', '!']) && !k.contains('!'))
+            .ok_or_else(|| {
+                format!("invalid label selector {text:?}: {part:?} is not key=value (e.g. node-role.kubernetes.io/worker=,pool=blue)")
+            })?;
+        labels.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    Ok(Selector(labels))
 }
 
 impl GateFlags {
@@ -77,6 +105,7 @@ impl GateFlags {
                     url: url.clone(),
                     filter: self.block_on_alerts_filter.clone(),
                 }),
+            node_selector: self.fleet_node_selector.0.clone(),
         }
     }
 }
@@ -121,8 +150,16 @@ mod tests {
             "--pause-after-failure",
             "--block-on-alerts-url=http://prometheus:9090",
             "--block-on-alerts-filter=severity=\"critical\"",
+            "--fleet-node-selector=pool=blue, node-role.kubernetes.io/worker=",
         ])
         .expect("all gates");
+        assert_eq!(
+            g.node_selector,
+            BTreeMap::from([
+                ("pool".to_string(), "blue".to_string()),
+                ("node-role.kubernetes.io/worker".to_string(), String::new())
+            ])
+        );
         assert_eq!(g.max_unavailable, Some("10%".parse().expect("10%")));
         assert_eq!(g.max_per_zone, 1);
         assert_eq!(g.zone_label, "example.com/rack");
@@ -161,6 +198,11 @@ mod tests {
                 &["--block-on-alerts-filter=severity=\"critical\""][..],
                 "--block-on-alerts-url",
             ),
+            (
+                &["--fleet-node-selector=pool!=blue"][..],
+                "--fleet-node-selector",
+            ),
+            (&["--fleet-node-selector=pool"][..], "--fleet-node-selector"),
         ] {
             let err = parse(args).expect_err(&format!("{args:?}"));
             assert!(err.contains(flag), "{args:?}: {err}");

@@ -46,6 +46,8 @@ mod budgets;
 pub use alerts::{Alert, AlertFilter, AlertGate, AlertsSeen, parse_alerts};
 pub use budgets::MaxUnavailable;
 
+use std::collections::BTreeMap;
+
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
@@ -72,6 +74,9 @@ pub struct Gates {
     pub pause_after_failure: bool,
     /// `--block-on-alerts-url` with `--block-on-alerts-filter`.
     pub alerts: Option<AlertGate>,
+    /// `--fleet-node-selector`: the labels (all of them) a node must carry
+    /// to count for the budgets; empty: every node.
+    pub node_selector: BTreeMap<String, String>,
 }
 
 impl Default for Gates {
@@ -83,6 +88,7 @@ impl Default for Gates {
             windows: Vec::new(),
             pause_after_failure: false,
             alerts: None,
+            node_selector: BTreeMap::new(),
         }
     }
 }
@@ -91,6 +97,14 @@ impl Gates {
     /// Whether [`Observed::nodes`] must be gathered.
     pub fn needs_nodes(&self) -> bool {
         self.max_unavailable.is_some() || self.max_per_zone > 0
+    }
+
+    /// Whether a node with `labels` counts for the budgets
+    /// (`--fleet-node-selector`).
+    pub fn counts_node(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
+        self.node_selector
+            .iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
     }
 
     /// Whether [`Observed::alerts`] must be gathered.
