@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use shared::api::consts::{OLM_CERT_DIR, OLM_CERT_FILE, OLM_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE};
+use shared::serve::gate_flags::GateFlags;
 use shared::serve::goflags::GoBoolFlag as _;
 use shared::serve::telemetry::{BindAddressError, RuntimeFlags, parse_bind_address};
 
@@ -122,6 +123,12 @@ pub struct Config {
     #[arg(long, env = "MAX_CONCURRENT_MAINTENANCES", default_value_t = 1)]
     pub max_concurrent_maintenances: usize,
 
+    /// The fleet gates, as the controller's flags (both Deployments carry the
+    /// same values): the webhook only warns, on create, that a
+    /// NodeMaintenance will not start yet because of one.
+    #[command(flatten)]
+    pub gates: GateFlags,
+
     /// Time budget of the admission warnings of one create (pods of the node,
     /// PodDisruptionBudgets, KubeVirt VMIs): what is not known by then is left
     /// out (and named as not checked). 0 turns the warnings off.
@@ -153,6 +160,9 @@ pub enum ConfigError {
         "--webhook-bind-address must not be \"0\": the webhook cannot run without its TLS listener"
     )]
     NoWebhookListener,
+    /// A gate flag the webhook cannot use (`--block-on-alerts-url`).
+    #[error("{0}")]
+    Gates(String),
 }
 
 /// Where the serving certificate and key live.
@@ -287,6 +297,28 @@ mod tests {
         let c = parse(&["--max-concurrent-maintenances=0", "--warnings-timeout=1s"]);
         assert_eq!(c.max_concurrent_maintenances, 0);
         assert_eq!(c.warnings_timeout, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn gate_flags_as_the_controllers() {
+        let g = parse(&[]).gates.gates();
+        assert!(
+            !g.needs_nodes() && !g.needs_alerts(),
+            "defaults gate nothing"
+        );
+        assert!(g.windows.is_empty() && !g.pause_after_failure);
+        let c = parse(&[
+            "--max-unavailable=10%",
+            "--maintenance-window=0 2 * * 6 4h UTC",
+            "--pause-after-failure",
+        ]);
+        let g = c.gates.gates();
+        assert_eq!(g.max_unavailable, Some("10%".parse().expect("10%")));
+        assert_eq!(g.windows.len(), 1);
+        assert_eq!(g.windows[0].spec(), "0 2 * * 6 4h UTC");
+        assert!(g.needs_nodes() && g.pause_after_failure);
+        let err = try_parse(&["--max-unavailable=ten"]).expect_err("not a count");
+        assert!(err.to_string().contains("--max-unavailable"), "{err}");
     }
 
     #[test]

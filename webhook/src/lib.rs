@@ -2,7 +2,8 @@
 //!
 //! `run` wires the parts: certificate (`tls`), watch caches (`cache`), the pure
 //! decision (`validate`) behind the hardened TLS endpoint (`server`), the
-//! admission warnings (`warnings`, their API lookups `warning_lookups`),
+//! admission warnings (`warnings`, their API lookups `warning_lookups`, the
+//! fleet gates' part `gate_lookups`),
 //! probes on their own plain-HTTP port, metrics (`metrics`) on theirs (HTTPS
 //! with TokenReview and SubjectAccessReview unless --metrics-secure=false),
 //! and graceful shutdown on SIGTERM/SIGINT.
@@ -11,6 +12,7 @@ pub mod body;
 pub mod cache;
 pub mod config;
 pub mod etcd;
+pub mod gate_lookups;
 pub mod metrics;
 pub mod review;
 pub mod server;
@@ -30,6 +32,7 @@ use shared::serve::metrics_server::{self, MetricsServeError, MetricsServing};
 use shared::serve::probes::{Readiness, ServeError, bind_and_serve, probe_router};
 
 use crate::config::{Config, ConfigError};
+use crate::gate_lookups::GateSettings;
 use crate::metrics::{Metrics, MetricsError};
 use crate::server::{AppState, Limits, ServeOptions, ServerError};
 use crate::tls::{CertResolver, TlsError};
@@ -110,6 +113,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
         warning_lookups::WarningSettings {
             max_concurrent_maintenances: config.max_concurrent_maintenances,
             timeout: config.warnings_timeout,
+            gates: GateSettings::of(&config.gates).map_err(ConfigError::Gates)?,
         },
         &readiness,
         &metrics,

@@ -2,7 +2,9 @@
 //! the admission warnings (`warnings`), and OpenShift detection at start.
 //!
 //! Per allowed create, the warnings read two caches (NodeMaintenances for the
-//! maintenance slots, the cluster-wide PodDisruptionBudgets), LIST the pods of
+//! maintenance slots and the fleet gates, the cluster-wide
+//! PodDisruptionBudgets), look up what a set gate needs (`gate_lookups`:
+//! the nodes, the alerts, each kept for a few seconds), LIST the pods of
 //! the node (field selector `spec.nodeName`, served from the API server's
 //! watch cache), ask discovery whether KubeVirt is served (the answer is kept
 //! for a minute) and GET the VirtualMachineInstances of its virt-launcher
@@ -27,6 +29,7 @@ use shared::{NodeMaintenance, rules::slots};
 use tokio::time::Instant as Deadline;
 
 use crate::cache::Cached;
+use crate::gate_lookups::{GateFacts, GateLookups, GateSettings};
 use crate::validate::Unavailable;
 use crate::warnings::{self, Facts, PdbFacts, PodFacts};
 
@@ -42,12 +45,14 @@ const KUBEVIRT_DISCOVERY_TTL: Duration = Duration::from_secs(60);
 const WARNING_LOOKUPS: usize = 4;
 
 /// What the admission warnings need from the flags.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct WarningSettings {
     /// --max-concurrent-maintenances, as the controller's (0 = no limit).
     pub max_concurrent_maintenances: usize,
     /// --warnings-timeout: the lookups' budget per review (0 = no warnings).
     pub timeout: Duration,
+    /// The fleet gates, as the controller's flags set them.
+    pub gates: GateSettings,
 }
 
 /// The caches the warnings read; neither gates readiness.
@@ -66,15 +71,19 @@ pub(crate) struct WarningLookups {
     kubevirt: Mutex<TtlCache<(), bool>>,
     /// Warning lookups under way at once (at most [`WARNING_LOOKUPS`]).
     permits: tokio::sync::Semaphore,
+    /// What the fleet gates need, for the "will not start yet" line.
+    gates: GateLookups,
 }
 
 impl WarningLookups {
     pub fn new(client: Client, settings: WarningSettings) -> Self {
+        let gates = GateLookups::new(client.clone(), settings.gates.clone(), settings.timeout);
         WarningLookups {
             client,
             settings,
             kubevirt: Mutex::new(TtlCache::new(1)),
             permits: tokio::sync::Semaphore::new(WARNING_LOOKUPS),
+            gates,
         }
     }
 
@@ -90,30 +99,82 @@ impl WarningLookups {
     }
 
     /// The facts behind the warnings for `nm`, each lookup bounded by `deadline`;
-    /// what did not answer in time is named in `unchecked`.
+    /// what did not answer in time is named in `unchecked`. The queue's part
+    /// (slots, gates) and the node's part (pods, PDBs, VMIs) run side by side.
     async fn facts(
         &self,
         nm: &NodeMaintenance,
         caches: WarningCaches<'_>,
         deadline: Deadline,
     ) -> Facts {
-        let node = nm.spec.node_name.clone();
-        let budget = self.settings.timeout;
         let mut facts = Facts {
-            node: node.clone(),
+            node: nm.spec.node_name.clone(),
             ..Default::default()
         };
-        match slot_ahead(
-            caches.maintenances,
-            nm,
-            self.settings.max_concurrent_maintenances,
-        ) {
-            Ok(ahead) => facts.slot_ahead = ahead,
-            Err(e) => facts
-                .unchecked
-                .push(format!("maintenance slots not checked: {e}")),
-        }
+        let queue = self.queue_facts(caches.maintenances, nm, deadline);
+        let node = self.node_facts(&mut facts, caches.pdbs, deadline);
+        let (queue, ()) = tokio::join!(queue, node);
+        facts.slot_ahead = queue.slot_ahead;
+        facts.gate = queue.gate.wait;
+        let node_unchecked = std::mem::take(&mut facts.unchecked);
+        facts.unchecked = queue.gate.unchecked;
+        facts.unchecked.extend(node_unchecked);
+        facts
+    }
 
+    /// Whether `nm` waits for a slot (--max-concurrent-maintenances) or a
+    /// fleet gate, from the NodeMaintenances cache and the gates' lookups.
+    async fn queue_facts(
+        &self,
+        maintenances: &Cached<NodeMaintenance>,
+        nm: &NodeMaintenance,
+        deadline: Deadline,
+    ) -> QueueFacts {
+        let max = self.settings.max_concurrent_maintenances;
+        let gated = self.gates.any();
+        if max == 0 && !gated {
+            return QueueFacts::default();
+        }
+        let (me, all) = match entries(maintenances, nm) {
+            Ok(entries) => entries,
+            Err(e) => {
+                let what = match (max > 0, gated) {
+                    (true, true) => "maintenance slots and fleet gates",
+                    (true, false) => "maintenance slots",
+                    (false, _) => "fleet gates",
+                };
+                return QueueFacts {
+                    slot_ahead: None,
+                    gate: GateFacts {
+                        wait: None,
+                        unchecked: vec![format!("{what} not checked: {e}")],
+                    },
+                };
+            }
+        };
+        let slot_ahead = if max > 0 {
+            slots::ahead(&me, &all, max)
+        } else {
+            None
+        };
+        let gate = if gated {
+            self.gates.wait(&me, &all, deadline).await
+        } else {
+            GateFacts::default()
+        };
+        QueueFacts { slot_ahead, gate }
+    }
+
+    /// The node's part of the facts: its pods, the PodDisruptionBudgets of
+    /// their namespaces and the VMIs of its virt-launcher pods.
+    async fn node_facts(
+        &self,
+        facts: &mut Facts,
+        pdbs: &Cached<PodDisruptionBudget>,
+        deadline: Deadline,
+    ) {
+        let node = facts.node.clone();
+        let budget = self.settings.timeout;
         // A storm of creates (GitOps applying a hundred at once) looks up a
         // few nodes at a time: each lookup holds a node's pod list in memory.
         let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.permits.acquire()).await
@@ -122,26 +183,25 @@ impl WarningLookups {
                 "pods of node {node} not checked: {WARNING_LOOKUPS} other creates were being checked \
                  and --warnings-timeout {budget:?} passed"
             ));
-            return facts;
+            return;
         };
         match self.node_pods(&node, deadline).await {
             Ok(pods) => facts.pods = pods,
             Err(unchecked) => {
                 facts.unchecked.push(unchecked);
-                return facts;
+                return;
             }
         }
         if facts.pods.is_empty() {
-            return facts;
+            return;
         }
-        match caches.pdbs.ready_store() {
+        match pdbs.ready_store() {
             Ok(store) => facts.pdbs = pdbs_of_pods(&store.state(), &facts.pods),
             Err(e) => facts
                 .unchecked
                 .push(format!("PodDisruptionBudgets not checked: {e}")),
         }
-        self.add_vmis(&mut facts, deadline).await;
-        facts
+        self.add_vmis(facts, deadline).await;
     }
 
     /// The pods of `node`, or the line saying they were not checked.
@@ -264,16 +324,20 @@ type VmiAnswer = (
     Result<kube::Result<Option<DynamicObject>>, tokio::time::error::Elapsed>,
 );
 
-/// The NodeMaintenances ahead of `nm` when it will wait for a slot, by
-/// the controller's rules (`shared::rules::slots`); `max` 0 is no limit.
-fn slot_ahead(
+/// Whether `nm` waits for a slot or a gate: `slot_ahead` names the
+/// NodeMaintenances ahead of it (`shared::rules::slots::ahead`).
+#[derive(Default)]
+struct QueueFacts {
+    slot_ahead: Option<Vec<String>>,
+    gate: GateFacts,
+}
+
+/// `nm` and every other NodeMaintenance as the slots and the gates count
+/// them: `me` last in `all`, stamped the newest when not stamped yet.
+fn entries(
     maintenances: &Cached<NodeMaintenance>,
     nm: &NodeMaintenance,
-    max: usize,
-) -> Result<Option<Vec<String>>, Unavailable> {
-    if max == 0 {
-        return Ok(None);
-    }
+) -> Result<(slots::Entry, Vec<slots::Entry>), Unavailable> {
     let store = maintenances.ready_store()?;
     let mut me = slots::Entry::of(nm);
     if me.created.is_empty() {
@@ -287,7 +351,7 @@ fn slot_ahead(
         .filter(|e| e.name != me.name)
         .collect();
     all.push(me.clone());
-    Ok(slots::ahead(&me, &all, max))
+    Ok((me, all))
 }
 
 /// The PodDisruptionBudgets in the namespaces of `pods`.
@@ -330,7 +394,7 @@ pub(crate) async fn detect_openshift_until_known(client: &Client) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cache::Caches;
     use crate::config::OpenShiftMode;
@@ -338,15 +402,20 @@ mod tests {
     use crate::validate::Lookups;
     use shared::serve::probes::Readiness;
 
-    /// An API server that never answers: the warnings still come back
-    /// within --warnings-timeout, saying what was not checked.
-    #[tokio::test]
-    async fn warnings_keep_their_time_budget() {
+    /// A client of an API server that never answers.
+    pub(crate) fn silent_client() -> Client {
         let silent = tower::service_fn(|_req: axum::http::Request<kube::client::Body>| async {
             std::future::pending::<()>().await;
             Ok::<_, std::convert::Infallible>(axum::http::Response::new(axum::body::Body::empty()))
         });
-        let client = Client::new(silent, "default");
+        Client::new(silent, "default")
+    }
+
+    /// An API server that never answers: the warnings still come back
+    /// within --warnings-timeout, saying what was not checked.
+    #[tokio::test]
+    async fn warnings_keep_their_time_budget() {
+        let client = silent_client();
         let metrics = Metrics::new().expect("metrics");
         let budget = Duration::from_millis(150);
         let caches = Caches::start(
@@ -355,6 +424,7 @@ mod tests {
             WarningSettings {
                 max_concurrent_maintenances: 1,
                 timeout: budget,
+                gates: GateSettings::default(),
             },
             &Readiness::default(),
             &metrics,
@@ -379,19 +449,12 @@ mod tests {
         );
 
         let off = Caches::start(
-            Client::new(
-                tower::service_fn(|_req: axum::http::Request<kube::client::Body>| async {
-                    std::future::pending::<()>().await;
-                    Ok::<_, std::convert::Infallible>(axum::http::Response::new(
-                        axum::body::Body::empty(),
-                    ))
-                }),
-                "default",
-            ),
+            silent_client(),
             OpenShiftMode::False,
             WarningSettings {
                 max_concurrent_maintenances: 1,
                 timeout: Duration::ZERO,
+                gates: GateSettings::default(),
             },
             &Readiness::default(),
             &metrics,
@@ -399,6 +462,43 @@ mod tests {
         assert!(
             off.warnings(&nm).await.is_empty(),
             "--warnings-timeout=0: off"
+        );
+    }
+
+    /// A gate set while the NodeMaintenances cache syncs: named as not
+    /// checked with the slots, never guessed.
+    #[tokio::test]
+    async fn gates_are_named_when_the_queue_is_unknown() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            gates: shared::serve::gate_flags::GateFlags,
+        }
+        let cli = Cli::try_parse_from(["nmo-webhook", "--pause-after-failure"]).expect("flags");
+        let settings = WarningSettings {
+            max_concurrent_maintenances: 1,
+            timeout: Duration::from_millis(50),
+            gates: GateSettings::of(&cli.gates).expect("gates"),
+        };
+        let metrics = Metrics::new().expect("metrics");
+        let caches = Caches::start(
+            silent_client(),
+            OpenShiftMode::False,
+            settings,
+            &Readiness::default(),
+            &metrics,
+        );
+        let nm: NodeMaintenance = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "nm-1"}, "spec": {"nodeName": "worker-1", "reason": "r"}
+        }))
+        .expect("nm");
+        let warnings = caches.warnings(&nm).await;
+        assert!(
+            warnings[0].starts_with(
+                "maintenance slots and fleet gates not checked: the webhook's nodemaintenances cache"
+            ),
+            "{warnings:?}"
         );
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! [`build`] is a pure function of plain facts (pods of the node, the
 //! PodDisruptionBudgets of their namespaces, KubeVirt VMIs, the maintenance
-//! slots), so every case is unit-tested without a cluster; the facts come from
+//! slots, the fleet gates' verdict), so every case is unit-tested without a cluster; the facts come from
 //! [`PodFacts::of`], [`PdbFacts::of`] and [`vmi_not_migratable`] over API
 //! objects, gathered by `warning_lookups` within a time budget.
 //! Warnings never deny and never delay a decision: they are computed only for
@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::{Selector, SelectorExt};
+use shared::rules::gates::GateReason;
 
 /// Warnings beyond this many are summed up in one "... and N more" line.
 pub const MAX_WARNINGS: usize = 20;
@@ -177,18 +178,24 @@ pub struct Facts {
     pub not_migratable: BTreeMap<(String, String), NotMigratable>,
     /// The NodeMaintenances ahead of this one when it will wait for a slot.
     pub slot_ahead: Option<Vec<String>>,
+    /// The fleet gate it will wait for (`shared::rules::gates::may_start`),
+    /// with the gate's message; on its own or besides a slot wait.
+    pub gate: Option<(GateReason, String)>,
     /// What could not be checked, one line each.
     pub unchecked: Vec<String>,
 }
 
-/// The warnings, most consequential first: the wait for a slot, pods a PDB
-/// blocks now, VMs that cannot live-migrate, pods deleted for good, emptyDir
+/// The warnings, most consequential first: the wait for a slot, the wait
+/// for a gate, pods a PDB blocks now, VMs that cannot live-migrate, pods deleted for good, emptyDir
 /// data; then what could not be checked. At most [`MAX_WARNINGS`] lines plus
 /// one "... and N more".
 pub fn build(facts: &Facts) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(ahead) = &facts.slot_ahead {
         out.push(slot_line(ahead));
+    }
+    if let Some((reason, message)) = &facts.gate {
+        out.push(gate_line(*reason, message));
     }
     let pods: Vec<&PodFacts> = facts.pods.iter().filter(|p| p.evicted()).collect();
     for pod in &pods {
@@ -261,6 +268,12 @@ pub fn slot_line(ahead: &[String]) -> String {
     )
 }
 
+/// "will not start yet (<reason>): <the gate's message>": the reason first,
+/// as the `Queued` condition will name it, so clipping never loses it.
+pub fn gate_line(reason: GateReason, message: &str) -> String {
+    format!("will not start yet ({reason}): {message}")
+}
+
 fn cap(mut lines: Vec<String>) -> Vec<String> {
     if lines.len() > MAX_WARNINGS {
         let more = lines.len() - MAX_WARNINGS;
@@ -325,9 +338,44 @@ mod tests {
         }
     }
 
+    /// Messages as `shared::rules::gates::may_start` words them.
+    const WINDOW: &str = "waits for the maintenance window: next window starts \
+        2026-12-12T02:00:00+00:00[UTC] (--maintenance-window \"0 2 * * 6 4h UTC\")";
+    const ZONE: &str = "waits for the zone budget: zone \"a\" has 1 of 1 maintenance(s) \
+        running: nm-a (node n0) (--max-concurrent-per-zone=1, \
+        --zone-label=topology.kubernetes.io/zone)";
+    const UNAVAILABLE: &str = "waits for the unavailable-node budget: with node worker-1 that \
+        makes 2 of 10 nodes unavailable, at most 1 may be (--max-unavailable=10%); \
+        unavailable: n2 (NotReady); it starts when one of them is back";
+    const PAUSED: &str = "waits: NodeMaintenance nm-x (node n3) failed; no maintenance starts \
+        until it is deleted (--pause-after-failure)";
+    const ALERTS: &str = "waits: the alerts could not be read from http://prometheus:9090: \
+        connection refused; no maintenance starts until they can be (--block-on-alerts-url \
+        fails closed)";
+
+    /// A create with a bare pod that `reason` holds.
+    fn gated(reason: GateReason, message: &str) -> Facts {
+        Facts {
+            gate: Some((reason, message.into())),
+            ..facts(vec![bare("solo")])
+        }
+    }
+
     const HELD: &str = "pod team-a/web is held by PodDisruptionBudget team-a/web-pdb (allowed disruptions 0): the drain waits until it allows one";
     const BARE: &str =
         "pod team-a/solo has no controller: it will be deleted for good, not recreated elsewhere";
+
+    struct Case {
+        name: &'static str,
+        facts: Facts,
+        want: Vec<String>,
+    }
+
+    fn check(cases: Vec<Case>) {
+        for c in cases {
+            assert_eq!(build(&c.facts), c.want, "case: {}", c.name);
+        }
+    }
 
     #[test]
     fn table() {
@@ -345,11 +393,6 @@ mod tests {
         let mut other_ns = pod("web");
         other_ns.namespace = "team-b".into();
 
-        struct Case {
-            name: &'static str,
-            facts: Facts,
-            want: Vec<String>,
-        }
         let cases = vec![
             Case {
                 name: "nothing to say",
@@ -462,9 +505,78 @@ mod tests {
                 ],
             },
         ];
-        for c in cases {
-            assert_eq!(build(&c.facts), c.want, "case: {}", c.name);
-        }
+        check(cases);
+    }
+
+    /// One line per create for the gate that holds it, named by the
+    /// `Queued` reason, right after the slot line.
+    #[test]
+    fn gate_table() {
+        let cases = vec![
+            Case {
+                name: "no gate holds it: no gate line",
+                facts: Facts {
+                    gate: None,
+                    ..facts(vec![bare("solo")])
+                },
+                want: vec![BARE.into()],
+            },
+            Case {
+                name: "gate OutsideWindow, before the pods",
+                facts: gated(GateReason::OutsideWindow, WINDOW),
+                want: vec![
+                    format!("will not start yet (OutsideWindow): {WINDOW}"),
+                    BARE.into(),
+                ],
+            },
+            Case {
+                name: "gate ZoneBudget",
+                facts: gated(GateReason::ZoneBudget, ZONE),
+                want: vec![
+                    format!("will not start yet (ZoneBudget): {ZONE}"),
+                    BARE.into(),
+                ],
+            },
+            Case {
+                name: "gate MaxUnavailable",
+                facts: gated(GateReason::MaxUnavailable, UNAVAILABLE),
+                want: vec![
+                    format!("will not start yet (MaxUnavailable): {UNAVAILABLE}"),
+                    BARE.into(),
+                ],
+            },
+            Case {
+                name: "gate PausedAfterFailure",
+                facts: gated(GateReason::PausedAfterFailure, PAUSED),
+                want: vec![
+                    format!("will not start yet (PausedAfterFailure): {PAUSED}"),
+                    BARE.into(),
+                ],
+            },
+            Case {
+                name: "gate AlertsFiring (alerts that could not be read block too)",
+                facts: gated(GateReason::AlertsFiring, ALERTS),
+                want: vec![
+                    format!("will not start yet (AlertsFiring): {ALERTS}"),
+                    BARE.into(),
+                ],
+            },
+            Case {
+                name: "waits for a slot and a gate: both, the slot first",
+                facts: Facts {
+                    slot_ahead: Some(vec!["nm-a".into()]),
+                    ..gated(GateReason::OutsideWindow, WINDOW)
+                },
+                want: vec![
+                    "will wait: 1 maintenance(s) ahead (nm-a); the limit is \
+                     --max-concurrent-maintenances"
+                        .into(),
+                    format!("will not start yet (OutsideWindow): {WINDOW}"),
+                    BARE.into(),
+                ],
+            },
+        ];
+        check(cases);
     }
 
     #[test]
@@ -483,6 +595,24 @@ mod tests {
         assert_eq!(l.chars().count(), MAX_LINE_CHARS);
         assert!(l.ends_with("..."));
         assert_eq!(one_line("short"), "short");
+    }
+
+    #[test]
+    fn a_long_gate_line_keeps_its_reason() {
+        let long = format!(
+            "waits for the unavailable-node budget: {}",
+            "n, ".repeat(200)
+        );
+        let w = build(&Facts {
+            gate: Some((GateReason::MaxUnavailable, long)),
+            ..facts(vec![])
+        });
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("will not start yet (MaxUnavailable): waits for the unavailable-node"),
+            "{w:?}"
+        );
+        assert_eq!(w[0].chars().count(), MAX_LINE_CHARS);
     }
 
     #[test]

@@ -1,0 +1,295 @@
+//! The fleet gates' part of the admission warnings (issue 31): whether an
+//! allowed create will be held by a gate, decided by the controller's own
+//! rule (`shared::rules::gates::may_start`) over what the webhook can see
+//! within `--warnings-timeout`.
+//!
+//! The gates read more than the admission decision does, so that part is
+//! looked up here, for the warnings only, and only when a flag needs it:
+//! - the nodes (Ready, cordoned, zone) when `--max-unavailable` or
+//!   `--max-concurrent-per-zone` is set: a paged LIST decoded lean
+//!   (`shared::kube::partial::NodeStateView`). The admission path's node
+//!   cache stays metadata-only: watching whole nodes would cost every
+//!   replica memory and every node status update a decode, for a warning.
+//! - the firing alerts when `--block-on-alerts-url` is set
+//!   (`shared::serve::alert_source`); a failed read is `AlertsSeen::Failed`,
+//!   which the gate (and so the controller) treats as blocking.
+//!
+//! Each answer is kept for [`FRESH_FOR`] and fetched by one task at a time,
+//! bounded by [`FETCH_BOUND`], not by one create's budget: a storm of creates
+//! asks once, and an answer slower than `--warnings-timeout` still serves
+//! the creates after it. What did not answer in time drops its gates from
+//! the decision and is named as not checked.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::{Api, Client};
+use shared::kube::partial::NodeStateView;
+use shared::rules::gates::{self, AlertsSeen, GateDecision, GateReason, Gates, NodeView, Observed};
+use shared::rules::slots::Entry;
+use shared::rules::sync::LockExt;
+use shared::rules::ttl::TtlCache;
+use shared::serve::alert_source::AlertSource;
+use shared::serve::gate_flags::GateFlags;
+use tokio::sync::Notify;
+use tokio::time::Instant as Deadline;
+
+/// How long a fetched answer (the nodes, the alerts) is used.
+pub const FRESH_FOR: Duration = Duration::from_secs(5);
+/// Bound of one fetch (the alert source bounds its query by the same).
+pub const FETCH_BOUND: Duration = Duration::from_secs(5);
+/// Nodes per LIST page: memory stays bounded whatever the cluster's size.
+const NODE_PAGE: u32 = 100;
+/// The gates that need the nodes, as the "not checked" line names them.
+const NODE_GATES: &str = "--max-unavailable and --max-concurrent-per-zone";
+
+/// What the gate warnings need from the flags.
+#[derive(Clone, Default)]
+pub struct GateSettings {
+    gates: Gates,
+    /// Set exactly when `gates.alerts` is.
+    alerts: Option<AlertSource>,
+}
+
+impl GateSettings {
+    /// The gates of `flags`; an unusable `--block-on-alerts-url` is an error
+    /// naming it (the webhook does not start, as the controller would not).
+    pub fn of(flags: &GateFlags) -> Result<GateSettings, String> {
+        let gates = flags.gates();
+        let alerts = gates
+            .alerts
+            .as_ref()
+            .map(|a| AlertSource::new(&a.url))
+            .transpose()?;
+        Ok(GateSettings { gates, alerts })
+    }
+
+    /// Whether any gate is set (none: nothing to look up or say).
+    pub fn any(&self) -> bool {
+        let g = &self.gates;
+        g.needs_nodes() || g.needs_alerts() || !g.windows.is_empty() || g.pause_after_failure
+    }
+}
+
+impl fmt::Debug for GateSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GateSettings")
+            .field("gates", &self.gates)
+            .field("alerts", &self.alerts.as_ref().map(AlertSource::url))
+            .finish()
+    }
+}
+
+/// The gate verdict for one create.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GateFacts {
+    /// The gate it will wait for, with the gate's message.
+    pub wait: Option<(GateReason, String)>,
+    /// What could not be checked, one line each.
+    pub unchecked: Vec<String>,
+}
+
+/// What was observed for the gates: `None` where no gate needs it; `Err`
+/// holds the "not checked" line of a lookup that did not answer.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub nodes: Option<Result<Arc<Vec<NodeView>>, String>>,
+    pub alerts: Option<Result<Arc<AlertsSeen>, String>>,
+}
+
+/// The gate `me` will wait for, by [`gates::may_start`] over `all` (the
+/// entries the slot warning uses). A lookup that did not answer leaves its
+/// gates out of the decision and is named in `unchecked`: a warning says
+/// what it knows, and never guesses a wait.
+pub fn decide(me: &Entry, all: &[Entry], gates: &Gates, seen: Seen, now: Timestamp) -> GateFacts {
+    let mut gates = gates.clone();
+    let mut unchecked = Vec::new();
+    let nodes = match seen.nodes {
+        Some(Ok(nodes)) => nodes,
+        Some(Err(line)) => {
+            unchecked.push(line);
+            gates.max_unavailable = None;
+            gates.max_per_zone = 0;
+            Arc::default()
+        }
+        None => Arc::default(),
+    };
+    let alerts = match seen.alerts {
+        Some(Ok(alerts)) => alerts,
+        Some(Err(line)) => {
+            unchecked.push(line);
+            gates.alerts = None;
+            Arc::new(AlertsSeen::NotRead)
+        }
+        None => Arc::new(AlertsSeen::NotRead),
+    };
+    let observed = Observed {
+        nodes: nodes.as_slice(),
+        now,
+        alerts: &alerts,
+    };
+    let wait = match gates::may_start(me, all, &observed, &gates) {
+        GateDecision::Start => None,
+        GateDecision::Wait { reason, message } => Some((reason, message)),
+    };
+    GateFacts { wait, unchecked }
+}
+
+/// The gates' lookups, each answer kept for [`FRESH_FOR`].
+pub(crate) struct GateLookups {
+    client: Client,
+    settings: GateSettings,
+    /// --warnings-timeout, for the "not checked" lines.
+    budget: Duration,
+    nodes: Arc<RecentAnswer<Result<Arc<Vec<NodeView>>, String>>>,
+    alerts: Arc<RecentAnswer<Arc<AlertsSeen>>>,
+}
+
+impl GateLookups {
+    pub fn new(client: Client, settings: GateSettings, budget: Duration) -> Self {
+        GateLookups {
+            client,
+            settings,
+            budget,
+            nodes: Arc::new(RecentAnswer::new()),
+            alerts: Arc::new(RecentAnswer::new()),
+        }
+    }
+
+    pub fn any(&self) -> bool {
+        self.settings.any()
+    }
+
+    /// The gate a create of `me` will wait for, looked up by `deadline`.
+    pub async fn wait(&self, me: &Entry, all: &[Entry], deadline: Deadline) -> GateFacts {
+        let (nodes, alerts) = tokio::join!(self.nodes(deadline), self.alerts(deadline));
+        let seen = Seen { nodes, alerts };
+        decide(me, all, &self.settings.gates, seen, Timestamp::now())
+    }
+
+    /// Every node as the gates see it, when a node budget is set.
+    async fn nodes(&self, deadline: Deadline) -> Option<Result<Arc<Vec<NodeView>>, String>> {
+        if !self.settings.gates.needs_nodes() {
+            return None;
+        }
+        let list = list_node_views(self.client.clone(), self.settings.gates.zone_label.clone());
+        let fetch = async move {
+            tokio::time::timeout(FETCH_BOUND, list)
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer within {FETCH_BOUND:?}")))
+        };
+        Some(match self.nodes.get(deadline, fetch).await {
+            Some(Ok(views)) => Ok(views),
+            Some(Err(e)) => Err(format!("{NODE_GATES} not checked: listing the nodes: {e}")),
+            None => Err(format!(
+                "{NODE_GATES} not checked: the nodes were not listed within --warnings-timeout {:?}",
+                self.budget
+            )),
+        })
+    }
+
+    /// The alerts as last read, when the alert gate is set.
+    async fn alerts(&self, deadline: Deadline) -> Option<Result<Arc<AlertsSeen>, String>> {
+        let source = self.settings.alerts.clone()?;
+        let url = source.url().to_string();
+        let fetch = async move {
+            Arc::new(match source.alerts().await {
+                Ok(alerts) => AlertsSeen::Read(alerts),
+                Err(e) => AlertsSeen::Failed(e),
+            })
+        };
+        Some(self.alerts.get(deadline, fetch).await.ok_or_else(|| {
+            format!(
+                "--block-on-alerts-url not checked: {url} did not answer within \
+                 --warnings-timeout {:?}",
+                self.budget
+            )
+        }))
+    }
+}
+
+/// Every node, [`NODE_PAGE`] at a time, each page decoded lean and turned
+/// into the gates' views before the next is read.
+async fn list_node_views(client: Client, zone_label: String) -> Result<Arc<Vec<NodeView>>, String> {
+    let api = Api::<NodeStateView>::all(client);
+    let mut params = ListParams::default().limit(NODE_PAGE);
+    let mut views = Vec::new();
+    loop {
+        let page = api.list(&params).await.map_err(|e| e.to_string())?;
+        views.extend(
+            page.items
+                .into_iter()
+                .map(|n| NodeView::of(&n.into_node(), &zone_label)),
+        );
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(Arc::new(views)),
+        }
+    }
+}
+
+/// The last answer of one lookup, kept for [`FRESH_FOR`]. A caller finding
+/// none starts the fetch in a task of its own (unless one runs) and waits
+/// for it until its own deadline; the answer serves whoever asks next.
+pub(crate) struct RecentAnswer<T> {
+    answer: Mutex<TtlCache<(), T>>,
+    running: AtomicBool,
+    done: Notify,
+}
+
+impl<T: Clone + Send + 'static> RecentAnswer<T> {
+    pub fn new() -> Self {
+        RecentAnswer {
+            answer: Mutex::new(TtlCache::new(1)),
+            running: AtomicBool::new(false),
+            done: Notify::new(),
+        }
+    }
+
+    fn fresh(&self) -> Option<T> {
+        self.answer.locked().get(&(), Instant::now()).cloned()
+    }
+
+    /// The kept answer, else the one `fetch` (or a fetch under way) gives by
+    /// `deadline`; `None` when none came in time.
+    pub async fn get<F>(self: &Arc<Self>, deadline: Deadline, fetch: F) -> Option<T>
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        // Registered before looking, so a fetch ending meanwhile wakes it.
+        let done = self.done.notified();
+        if let Some(answer) = self.fresh() {
+            return Some(answer);
+        }
+        if !self.running.swap(true, Ordering::AcqRel) {
+            let me = self.clone();
+            tokio::spawn(async move {
+                let _running = Running(&me);
+                let answer = fetch.await;
+                me.answer
+                    .locked()
+                    .insert((), answer, FRESH_FOR, Instant::now());
+            });
+        }
+        let _ = tokio::time::timeout_at(deadline, done).await;
+        self.fresh()
+    }
+}
+
+/// Marks the fetch of a [`RecentAnswer`] ended, even when it panicked.
+struct Running<'a, T>(&'a RecentAnswer<T>);
+
+impl<T> Drop for Running<'_, T> {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::Release);
+        self.0.done.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests;

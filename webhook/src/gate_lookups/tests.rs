@@ -1,0 +1,249 @@
+use std::sync::atomic::AtomicUsize;
+
+use shared::NodeMaintenance;
+use shared::rules::gates::Alert;
+
+use super::*;
+
+/// The entry of a NodeMaintenance created at `created`, in `phase`.
+fn entry(name: &str, node: &str, created: &str, phase: Option<&str>) -> Entry {
+    let nm: NodeMaintenance = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "creationTimestamp": created},
+        "spec": {"nodeName": node, "reason": "test"},
+        "status": phase.map(|p| serde_json::json!({"phase": p})),
+    }))
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    Entry::of(&nm)
+}
+
+const OLD: &str = "2026-12-12T01:00:00Z";
+const NEW: &str = "2026-12-12T01:29:00Z";
+
+fn node(name: &str, ready: bool) -> NodeView {
+    NodeView {
+        name: name.into(),
+        zone: None,
+        ready,
+        cordoned: false,
+    }
+}
+
+fn gates(args: &[&str]) -> Gates {
+    flags(args).gates()
+}
+
+fn flags(args: &[&str]) -> GateFlags {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        gates: GateFlags,
+    }
+    let mut full = vec!["nmo-webhook"];
+    full.extend_from_slice(args);
+    Cli::try_parse_from(shared::serve::goflags::normalize(full))
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        .gates
+}
+
+fn now() -> Timestamp {
+    "2026-12-12T01:30:00Z".parse().expect("a time")
+}
+
+/// One node of three NotReady, a budget of one: the create waits, unless the
+/// nodes are unknown, which leaves the budget out and says so.
+#[test]
+fn what_did_not_answer_is_left_out_and_named() {
+    let me = entry("nm-new", "n1", NEW, None);
+    let all = [entry("nm-old", "n0", OLD, None), me.clone()];
+    let g = gates(&["--max-unavailable=1"]);
+    let nodes = Arc::new(vec![node("n0", true), node("n1", true), node("n2", false)]);
+    let seen = Seen {
+        nodes: Some(Ok(nodes)),
+        alerts: None,
+    };
+    let got = decide(&me, &all, &g, seen, now());
+    let (reason, message) = got.wait.expect("a wait");
+    assert_eq!(reason, GateReason::MaxUnavailable, "{message}");
+    assert!(message.contains("n2 (NotReady)"), "{message}");
+    assert!(got.unchecked.is_empty());
+
+    let line = "--max-unavailable and --max-concurrent-per-zone not checked: x".to_string();
+    let seen = Seen {
+        nodes: Some(Err(line.clone())),
+        alerts: None,
+    };
+    let got = decide(&me, &all, &g, seen, now());
+    assert_eq!(
+        got,
+        GateFacts {
+            wait: None,
+            unchecked: vec![line]
+        }
+    );
+}
+
+#[test]
+fn alerts_unread_in_time_are_named_and_failed_ones_block() {
+    let me = entry("nm-new", "n1", NEW, None);
+    let all = [me.clone()];
+    let g = gates(&["--block-on-alerts-url=http://prometheus:9090"]);
+    let late = Seen {
+        nodes: None,
+        alerts: Some(Err("--block-on-alerts-url not checked: late".into())),
+    };
+    let got = decide(&me, &all, &g, late, now());
+    assert_eq!(got.wait, None);
+    assert_eq!(
+        got.unchecked,
+        vec!["--block-on-alerts-url not checked: late"]
+    );
+
+    let failed = Seen {
+        nodes: None,
+        alerts: Some(Ok(Arc::new(AlertsSeen::Failed(
+            "connection refused".into(),
+        )))),
+    };
+    let got = decide(&me, &all, &g, failed, now());
+    let (reason, message) = got.wait.expect("fails closed");
+    assert_eq!(reason, GateReason::AlertsFiring);
+    assert!(message.contains("connection refused"), "{message}");
+
+    let quiet = Seen {
+        nodes: None,
+        alerts: Some(Ok(Arc::new(AlertsSeen::Read(vec![Alert {
+            labels: [("alertname".to_string(), "Slow".to_string())].into(),
+            state: "pending".into(),
+        }])))),
+    };
+    assert_eq!(decide(&me, &all, &g, quiet, now()), GateFacts::default());
+}
+
+#[test]
+fn a_window_and_the_pause_need_no_lookup() {
+    let me = entry("nm-new", "n1", NEW, None);
+    let broken = entry("nm-broken", "n0", OLD, Some("Failed"));
+    let g = gates(&[
+        "--maintenance-window=0 2 * * 6 4h UTC",
+        "--pause-after-failure",
+    ]);
+    let settings = GateSettings {
+        gates: g.clone(),
+        alerts: None,
+    };
+    assert!(settings.any());
+    let got = decide(&me, std::slice::from_ref(&me), &g, Seen::default(), now());
+    let (reason, message) = got.wait.expect("outside the window");
+    assert_eq!(reason, GateReason::OutsideWindow, "{message}");
+    let got = decide(&me, &[broken, me.clone()], &g, Seen::default(), now());
+    assert_eq!(
+        got.wait.map(|(r, _)| r),
+        Some(GateReason::PausedAfterFailure)
+    );
+}
+
+#[test]
+fn settings_of_the_flags() {
+    let none = GateSettings::of(&flags(&[])).expect("defaults");
+    assert!(!none.any(), "defaults gate nothing");
+    let err = GateSettings::of(&flags(&["--block-on-alerts-url=https://p:9090"]))
+        .expect_err("only http://");
+    assert!(
+        err.contains("--block-on-alerts-url=https://p:9090"),
+        "{err}"
+    );
+    let ok = GateSettings::of(&flags(&["--block-on-alerts-url=http://p:9090"])).expect("http");
+    assert!(ok.any() && ok.alerts.is_some());
+}
+
+/// A real node's JSON (images and all) decodes to the view the gates read.
+#[test]
+fn nodes_decode_lean() {
+    let json = serde_json::json!({
+        "metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "a"},
+                     "managedFields": [{"manager": "kubelet"}]},
+        "spec": {"unschedulable": true, "podCIDR": "10.0.0.0/24"},
+        "status": {
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
+                {"type": "Ready", "status": "True", "message": "kubelet is posting ready status"}],
+            "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 320368}]
+        }
+    });
+    let lean: NodeStateView = serde_json::from_value(json).expect("a node");
+    let view = NodeView::of(&lean.into_node(), "topology.kubernetes.io/zone");
+    assert_eq!(
+        view,
+        NodeView {
+            name: "n1".into(),
+            zone: Some("a".into()),
+            ready: true,
+            cordoned: true,
+        }
+    );
+    let bare: NodeStateView =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "n2"}})).expect("a node");
+    let view = NodeView::of(&bare.into_node(), "topology.kubernetes.io/zone");
+    assert!(!view.ready && !view.cordoned && view.zone.is_none());
+}
+
+/// A fetch slower than one create's deadline carries on; creates meanwhile
+/// join it, and the answer serves the next ones: one fetch for all.
+#[tokio::test]
+async fn one_fetch_serves_the_creates_after_it() {
+    let answer = Arc::new(RecentAnswer::<u32>::new());
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let fetch = |value: u32, takes: Duration| {
+        let fetches = fetches.clone();
+        async move {
+            fetches.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(takes).await;
+            value
+        }
+    };
+    let soon = Deadline::now() + Duration::from_millis(20);
+    let slow = fetch(7, Duration::from_millis(100));
+    assert_eq!(answer.get(soon, slow).await, None, "past its deadline");
+    let later = Deadline::now() + Duration::from_secs(2);
+    let (a, b) = tokio::join!(
+        answer.get(later, fetch(8, Duration::ZERO)),
+        answer.get(later, fetch(9, Duration::ZERO))
+    );
+    assert_eq!((a, b), (Some(7), Some(7)), "joined the fetch under way");
+    assert_eq!(answer.get(later, fetch(10, Duration::ZERO)).await, Some(7));
+    assert_eq!(fetches.load(Ordering::SeqCst), 1);
+}
+
+/// An API server that never answers: the nodes are named as not checked
+/// within the budget, and a gate that needs no lookup still speaks.
+#[tokio::test]
+async fn nodes_unlisted_in_time_leave_the_window_gate() {
+    let flags = flags(&[
+        "--max-unavailable=1",
+        "--maintenance-window=0 2 * * 6 4h UTC",
+    ]);
+    let settings = GateSettings::of(&flags).expect("settings");
+    let budget = Duration::from_millis(100);
+    let client = crate::warning_lookups::tests::silent_client();
+    let lookups = GateLookups::new(client, settings, budget);
+    let me = entry("nm-new", "n1", NEW, None);
+    let began = Deadline::now();
+    let got = lookups
+        .wait(&me, std::slice::from_ref(&me), began + budget)
+        .await;
+    assert!(began.elapsed() < budget * 3, "took {:?}", began.elapsed());
+    assert_eq!(
+        got.unchecked,
+        vec![
+            "--max-unavailable and --max-concurrent-per-zone not checked: the nodes were not \
+             listed within --warnings-timeout 100ms"
+        ]
+    );
+    // The real clock: inside the window (Saturday 02:00-06:00 UTC) no wait.
+    let inside = lookups.settings.gates.windows[0].contains(Timestamp::now());
+    assert_eq!(
+        got.wait.map(|(reason, _)| reason),
+        (!inside).then_some(GateReason::OutsideWindow)
+    );
+}
