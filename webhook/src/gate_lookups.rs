@@ -7,7 +7,7 @@
 //! looked up here, for the warnings only, and only when a flag needs it:
 //! - the nodes (Ready, cordoned, zone) when `--max-unavailable` or
 //!   `--max-concurrent-per-zone` is set: a paged LIST decoded lean
-//!   (`shared::kube::partial::NodeStateView`). The admission path's node
+//!   (`shared::kube::partial::NodeView`). The admission path's node
 //!   cache stays metadata-only: watching whole nodes would cost every
 //!   replica memory and every node status update a decode, for a warning.
 //! - the firing alerts when `--block-on-alerts-url` is set
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
-use shared::kube::partial::NodeStateView;
+use shared::kube::partial::NodeView as WatchedNode;
 use shared::rules::gates::{self, AlertsSeen, GateDecision, GateReason, Gates, NodeView, Observed};
 use shared::rules::slots::Entry;
 use shared::rules::sync::LockExt;
@@ -177,7 +177,7 @@ impl GateLookups {
         if !self.settings.gates.needs_nodes() {
             return None;
         }
-        let list = list_node_views(self.client.clone(), self.settings.gates.zone_label.clone());
+        let list = list_node_views(self.client.clone(), &self.settings.gates);
         let fetch = async move {
             tokio::time::timeout(FETCH_BOUND, list)
                 .await
@@ -213,18 +213,36 @@ impl GateLookups {
     }
 }
 
-/// Every node, [`NODE_PAGE`] at a time, each page decoded lean and turned
-/// into the gates' views before the next is read.
-async fn list_node_views(client: Client, zone_label: String) -> Result<Arc<Vec<NodeView>>, String> {
-    let api = Api::<NodeStateView>::all(client);
-    let mut params = ListParams::default().limit(NODE_PAGE);
+/// Every node the budgets count (`--fleet-node-selector`), [`NODE_PAGE`] at
+/// a time, each page decoded lean and turned into the gates' views before
+/// the next is read.
+fn list_node_views(
+    client: Client,
+    gates: &Gates,
+) -> impl Future<Output = Result<Arc<Vec<NodeView>>, String>> + use<> {
+    let zone_label = gates.zone_label.clone();
+    let selector: Vec<String> = gates
+        .node_selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    list_selected(client, zone_label, selector.join(","))
+}
+
+async fn list_selected(
+    client: Client,
+    zone_label: String,
+    selector: String,
+) -> Result<Arc<Vec<NodeView>>, String> {
+    let api = Api::<WatchedNode>::all(client);
+    let mut params = ListParams::default().limit(NODE_PAGE).labels(&selector);
     let mut views = Vec::new();
     loop {
         let page = api.list(&params).await.map_err(|e| e.to_string())?;
         views.extend(
             page.items
                 .into_iter()
-                .map(|n| NodeView::of(&n.into_node(), &zone_label)),
+                .map(|n| NodeView::of_watched(&n, &zone_label)),
         );
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),

@@ -13,10 +13,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    EmptyDirVolumeSource, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus,
-    Taint, Volume,
-};
+use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Pod, PodSpec, PodStatus, Taint, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::core::{ClusterResourceScope, NamespaceResourceScope};
 use serde::de::{IgnoredAny, MapAccess, Visitor};
@@ -199,65 +196,6 @@ pub struct NodeMeta {
 }
 
 lean_resource!(NodeMeta, ClusterResourceScope, "", "v1", "Node", "nodes", metadata_only: true);
-
-/// A Node as the fleet gates read it (`rules::gates::NodeView::of` over
-/// [`NodeStateView::into_node`]): name, labels (the zone), cordon, and each
-/// condition's type and status. Images, addresses, the conditions' texts and
-/// managedFields are skipped while parsing, so listing every node for the
-/// webhook's gate warnings holds little more than names and labels.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct NodeStateView {
-    #[serde(deserialize_with = "meta")]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: Option<NodeSpecView>,
-    #[serde(default)]
-    pub status: Option<NodeStatusView>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct NodeStatusView {
-    #[serde(default)]
-    pub conditions: Option<Vec<ConditionView>>,
-}
-
-/// A condition's type and status (its texts and times are skipped).
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct ConditionView {
-    #[serde(rename = "type")]
-    pub type_: String,
-    #[serde(default)]
-    pub status: String,
-}
-
-lean_resource!(NodeStateView, ClusterResourceScope, "", "v1", "Node", "nodes", metadata_only: false);
-
-impl NodeStateView {
-    /// A k8s-openapi [`Node`] holding just these fields.
-    pub fn into_node(self) -> Node {
-        let conditions = self.status.and_then(|s| s.conditions).map(|cs| {
-            cs.into_iter()
-                .map(|c| NodeCondition {
-                    type_: c.type_,
-                    status: c.status,
-                    ..NodeCondition::default()
-                })
-                .collect()
-        });
-        Node {
-            metadata: self.metadata,
-            spec: self.spec.map(|s| NodeSpec {
-                unschedulable: s.unschedulable,
-                taints: s.taints,
-                ..NodeSpec::default()
-            }),
-            status: Some(NodeStatus {
-                conditions,
-                ..NodeStatus::default()
-            }),
-        }
-    }
-}
 
 /// A Pod's metadata only (requested metadata-only): namespace, name, uid,
 /// labels; what a watch for pods leaving a node needs.

@@ -100,7 +100,7 @@ impl AlertSource {
             .map_err(|e| format!("{url}: not a URL ({e}); check --block-on-alerts-url"))?;
         let request = async {
             let response = self.client.get(uri).await.map_err(|e| {
-                format!("{url}: {e}; is the Prometheus reachable from the controller?")
+                format!("{url}: {e}; is the Prometheus reachable from this pod (network policies, the Service name)?")
             })?;
             let code = response.status().as_u16();
             let body = Limited::new(response.into_body(), MAX_BODY)

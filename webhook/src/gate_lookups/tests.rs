@@ -171,8 +171,8 @@ fn nodes_decode_lean() {
             "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 320368}]
         }
     });
-    let lean: NodeStateView = serde_json::from_value(json).expect("a node");
-    let view = NodeView::of(&lean.into_node(), "topology.kubernetes.io/zone");
+    let lean: shared::kube::partial::NodeView = serde_json::from_value(json).expect("a node");
+    let view = NodeView::of_watched(&lean, "topology.kubernetes.io/zone");
     assert_eq!(
         view,
         NodeView {
@@ -182,9 +182,9 @@ fn nodes_decode_lean() {
             cordoned: true,
         }
     );
-    let bare: NodeStateView =
+    let bare: shared::kube::partial::NodeView =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "n2"}})).expect("a node");
-    let view = NodeView::of(&bare.into_node(), "topology.kubernetes.io/zone");
+    let view = NodeView::of_watched(&bare, "topology.kubernetes.io/zone");
     assert!(!view.ready && !view.cordoned && view.zone.is_none());
 }
 
