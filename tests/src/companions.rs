@@ -257,21 +257,7 @@ pub fn prometheus_url() -> anyhow::Result<String> {
 
 /// GET `path` (with its query) from the local Prometheus; the JSON `data`.
 pub async fn prometheus_get(path: &str) -> anyhow::Result<Value> {
-    let base = prometheus_url()?;
-    let host = base
-        .strip_prefix("http://")
-        .with_context(|| format!("Prometheus URL {base} is not http://HOST:PORT"))?;
-    let mut s = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(host))
-        .await
-        .with_context(|| format!("connecting to Prometheus at {base}: timed out"))?
-        .with_context(|| format!("connecting to Prometheus at {base}"))?;
-    let req = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n");
-    s.write_all(req.as_bytes()).await?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
-        .await
-        .with_context(|| format!("GET {base}{path}: no answer in 10 s"))??;
-    let text = String::from_utf8_lossy(&buf);
+    let (base, text) = prometheus_request("GET", path, Duration::from_secs(10)).await?;
     let (_, body) = text
         .split_once("\r\n\r\n")
         .with_context(|| format!("GET {base}{path}: not an HTTP answer: {text}"))?;
@@ -281,6 +267,29 @@ pub async fn prometheus_get(path: &str) -> anyhow::Result<Value> {
         bail!("GET {base}{path}: {v}");
     }
     Ok(v["data"].clone())
+}
+
+/// One HTTP/1.0 request to the local Prometheus: its base URL and the whole answer.
+async fn prometheus_request(
+    method: &str,
+    path: &str,
+    answer_within: Duration,
+) -> anyhow::Result<(String, String)> {
+    let base = prometheus_url()?;
+    let host = base
+        .strip_prefix("http://")
+        .with_context(|| format!("Prometheus URL {base} is not http://HOST:PORT"))?;
+    let mut s = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(host))
+        .await
+        .with_context(|| format!("connecting to Prometheus at {base}: timed out"))?
+        .with_context(|| format!("connecting to Prometheus at {base}"))?;
+    let req = format!("{method} {path} HTTP/1.0\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(answer_within, s.read_to_end(&mut buf))
+        .await
+        .with_context(|| format!("{method} {base}{path}: no answer in {answer_within:?}"))??;
+    Ok((base, String::from_utf8_lossy(&buf).into_owned()))
 }
 
 /// Percent-encode a PromQL expression for a query string.
@@ -346,4 +355,92 @@ mod tests {
     fn promql_is_encoded_for_a_query_string() {
         assert_eq!(encode(r#"up{job="a b"}"#), "up%7Bjob%3D%22a%20b%22%7D");
     }
+}
+
+/// An alert a test raises in the local Prometheus: a rule file of its own in
+/// `prometheus/rules.d/` (read by the configuration prometheus-config
+/// writes), an alert that always fires (`vector(1)`) with the test's labels,
+/// evaluated by Prometheus itself. [`TestAlert::clear`] removes it; dropping
+/// it removes the file (the next reload forgets the alert).
+pub struct TestAlert {
+    path: PathBuf,
+    name: String,
+}
+
+impl TestAlert {
+    /// Raise alert `name` with `labels`; returns once Prometheus lists it firing.
+    pub async fn raise(name: &str, labels: &[(&str, &str)]) -> anyhow::Result<TestAlert> {
+        let dir = crate::cluster_dir().join("prometheus").join("rules.d");
+        if !dir.is_dir() {
+            bail!(
+                "{} is missing: the local Prometheus predates test rules; run `make companions`",
+                dir.display()
+            );
+        }
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        let rules = json!({"groups": [{"name": format!("test-{name}"), "interval": "1s",
+            "rules": [{"alert": name, "expr": "vector(1)", "labels": labels}]}]});
+        let path = dir.join(format!("{name}.yaml"));
+        std::fs::write(&path, serde_yaml::to_string(&rules)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        let alert = TestAlert {
+            path,
+            name: name.to_string(),
+        };
+        prometheus_reload().await?;
+        alert.wait(true).await?;
+        Ok(alert)
+    }
+
+    /// Clear the alert; returns once Prometheus no longer lists it.
+    pub async fn clear(self) -> anyhow::Result<()> {
+        std::fs::remove_file(&self.path)
+            .with_context(|| format!("removing {}", self.path.display()))?;
+        prometheus_reload().await?;
+        self.wait(false).await
+    }
+
+    async fn wait(&self, firing: bool) -> anyhow::Result<()> {
+        let what = if firing { "firing" } else { "gone" };
+        until(
+            &format!("test alert {} {what} in Prometheus", self.name),
+            Duration::from_secs(60),
+            || async {
+                let data = prometheus_get("/api/v1/alerts").await?;
+                let states: Vec<String> = data["alerts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|a| a["labels"]["alertname"] == self.name.as_str())
+                    .map(|a| a["state"].as_str().unwrap_or_default().to_string())
+                    .collect();
+                let done = if firing {
+                    states.iter().any(|s| s == "firing")
+                } else {
+                    states.is_empty()
+                };
+                Ok(if done {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending(format!("states {states:?}"))
+                })
+            },
+        )
+        .await
+    }
+}
+
+impl Drop for TestAlert {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// POST /-/reload to the local Prometheus (started with --web.enable-lifecycle).
+pub async fn prometheus_reload() -> anyhow::Result<()> {
+    let (base, text) = prometheus_request("POST", "/-/reload", Duration::from_secs(30)).await?;
+    if !text.starts_with("HTTP/1.0 200") && !text.starts_with("HTTP/1.1 200") {
+        bail!("POST {base}/-/reload: {text}");
+    }
+    Ok(())
 }

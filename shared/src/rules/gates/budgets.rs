@@ -86,10 +86,13 @@ struct Walk<'a> {
     unavailable_waiter: Option<&'a Entry>,
     /// Per zone, the first earlier one that waits for its zone.
     zone_waiters: BTreeMap<Option<&'a str>, &'a Entry>,
+    /// `--fleet-node-selector` is set: only the nodes seen count (else a
+    /// node not seen, e.g. gone, counts in the unlabelled zone).
+    selective: bool,
 }
 
 impl<'a> Walk<'a> {
-    fn new(all: &'a [Entry], nodes: &'a [NodeView]) -> Walk<'a> {
+    fn new(all: &'a [Entry], nodes: &'a [NodeView], selective: bool) -> Walk<'a> {
         let zones = nodes
             .iter()
             .map(|n| (n.name.as_str(), n.zone.as_deref()))
@@ -100,8 +103,12 @@ impl<'a> Walk<'a> {
             running: BTreeMap::new(),
             unavailable_waiter: None,
             zone_waiters: BTreeMap::new(),
+            selective,
         };
-        let mut started: Vec<&Entry> = all.iter().filter(|e| e.admitted()).collect();
+        let mut started: Vec<&Entry> = all
+            .iter()
+            .filter(|e| e.admitted() && walk.counts(e))
+            .collect();
         started.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
         for e in started {
             walk.start(e, Cause::InMaintenance(e.name.clone()));
@@ -115,6 +122,11 @@ impl<'a> Walk<'a> {
             walk.unavailable.entry(n.name.clone()).or_insert(cause);
         }
         walk
+    }
+
+    /// Whether `e`'s node is among the nodes counted (`--fleet-node-selector`).
+    fn counts(&self, e: &Entry) -> bool {
+        !self.selective || self.zones.contains_key(e.node.as_str())
     }
 
     fn zone(&self, e: &Entry) -> Option<&'a str> {
@@ -171,10 +183,21 @@ pub(super) fn check(
     if limit.is_none() && per_zone == 0 {
         return None;
     }
-    let mut walk = Walk::new(all, observed.nodes);
-    let earlier = slots::queue(all)
+    let mut walk = Walk::new(all, observed.nodes, !gates.node_selector.is_empty());
+    // A node the budgets do not count (outside --fleet-node-selector) is
+    // held by none of them, and holds no one.
+    if !walk.counts(me) {
+        return None;
+    }
+    let earlier: Vec<&Entry> = slots::queue(all)
         .into_iter()
-        .filter(|e| e.name != me.name && e.node != me.node && e.order_key() < me.order_key());
+        .filter(|e| {
+            e.name != me.name
+                && e.node != me.node
+                && e.order_key() < me.order_key()
+                && walk.counts(e)
+        })
+        .collect();
     for e in earlier {
         walk.pass(e, limit.map(|(_, l)| l), per_zone);
     }

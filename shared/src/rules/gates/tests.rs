@@ -840,3 +840,46 @@ fn a_gate_held_maintenance_takes_no_slot_ahead() {
         Ok(SlotDecision::Wait { position: 1, .. })
     ));
 }
+
+/// `--fleet-node-selector`: maintenances of nodes outside the selection
+/// neither count against the budgets nor are held by them.
+#[test]
+fn budgets_count_only_the_selected_nodes() {
+    use crate::MaintenancePhase;
+    let selected = Gates {
+        max_per_zone: 1,
+        max_unavailable: Some(MaxUnavailable::Nodes(1)),
+        node_selector: [("pool".to_string(), "blue".to_string())].into(),
+        ..Gates::default()
+    };
+    // The caller keeps only the selected nodes as views: n0..n4 here.
+    let nodes: Vec<NodeView> = fleet().into_iter().take(5).collect();
+    let alerts = AlertsSeen::NotRead;
+    let observed = observe(&nodes, &alerts, "2026-12-14T00:00:00Z");
+    let cases = [
+        (
+            "a maintenance outside the pool holds no one",
+            vec![e("red", "n7", "1", Some(MaintenancePhase::Running))],
+            "n1",
+            true,
+        ),
+        (
+            "one inside does",
+            vec![e("blue", "n2", "1", Some(MaintenancePhase::Running))],
+            "n1",
+            false,
+        ),
+        (
+            "a node outside the pool is held by none",
+            vec![e("blue", "n2", "1", Some(MaintenancePhase::Running))],
+            "n8",
+            true,
+        ),
+    ];
+    for (case, mut all, node, starts) in cases {
+        let me = e("me", node, "9", None);
+        all.push(me.clone());
+        let got = may_start(&me, &all, &observed, &selected);
+        assert_eq!(got == GateDecision::Start, starts, "{case}: {got:?}");
+    }
+}

@@ -10,7 +10,9 @@
 //!   locally) labelled as the operator labels them: `job` = the Service name,
 //!   `namespace`, `service`, `endpoint`;
 //! - each PrometheusRule's groups become a rule file (`promtool check rules`
-//!   and `promtool test rules` read it too).
+//!   and `promtool test rules` read it too);
+//! - `OUT/rules.d/*.yaml` is read as well: the rules a test raises an alert
+//!   with (`nmo_tests::companions::TestAlert`).
 //!
 //! A ServiceMonitor field this tool does not translate is an error naming it:
 //! a manifest change must never be silently left out of what is proven.
@@ -438,9 +440,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     std::fs::create_dir_all(&args.targets)?;
     let live = args.out.join("rules-live.yaml");
+    // Rules a test adds for itself (an alert it raises and clears: the fleet
+    // gates' alert gate), read from here on each reload.
+    let test_rules = args.out.join("rules.d");
+    std::fs::create_dir_all(&test_rules)
+        .with_context(|| format!("creating {}", test_rules.display()))?;
     let config = serde_json::json!({
         "global": {"evaluation_interval": args.evaluation_interval},
-        "rule_files": [live.display().to_string()],
+        "rule_files": [live.display().to_string(), test_rules.join("*.yaml").display().to_string()],
         "scrape_configs": serde_json::to_value(&jobs)?,
     });
     write(
