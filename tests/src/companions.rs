@@ -347,16 +347,6 @@ pub fn set_targets(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn promql_is_encoded_for_a_query_string() {
-        assert_eq!(encode(r#"up{job="a b"}"#), "up%7Bjob%3D%22a%20b%22%7D");
-    }
-}
-
 /// An alert a test raises in the local Prometheus: a rule file of its own in
 /// `prometheus/rules.d/` (read by the configuration prometheus-config
 /// writes), an alert that always fires (`vector(1)`) with the test's labels,
@@ -443,4 +433,14 @@ pub async fn prometheus_reload() -> anyhow::Result<()> {
         bail!("POST {base}/-/reload: {text}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn promql_is_encoded_for_a_query_string() {
+        assert_eq!(encode(r#"up{job="a b"}"#), "up%7Bjob%3D%22a%20b%22%7D");
+    }
 }
