@@ -32,6 +32,8 @@ pub struct ControllerEnv {
     pub overlay: &'static str,
     /// Host directories standing in for the Deployment's Secret volumes.
     pub volumes: Vec<(String, std::path::PathBuf)>,
+    /// Flags every controller of this environment gets (after the manifest's).
+    pub flags: Vec<String>,
 }
 
 /// manifests/base with the force-drain component (`drainTimeoutAction: Force`
@@ -74,6 +76,16 @@ impl ControllerEnv {
         overlay: &'static str,
         volumes: Vec<(String, std::path::PathBuf)>,
     ) -> ControllerEnv {
+        Self::new_with_flags(prefix, max, overlay, volumes, Vec::new()).await
+    }
+
+    async fn new_with_flags(
+        prefix: &str,
+        max: usize,
+        overlay: &'static str,
+        volumes: Vec<(String, std::path::PathBuf)>,
+        flags: Vec<String>,
+    ) -> ControllerEnv {
         let ControllerBed {
             bed,
             operator_ns,
@@ -87,9 +99,16 @@ impl ControllerEnv {
             max,
             overlay,
             volumes,
+            flags,
         };
         env.start_controller().await;
         env
+    }
+
+    /// A controller from the base Deployment with `flags` after the manifest's
+    /// (and those of every controller this environment starts).
+    pub async fn with_flags(prefix: &str, max: usize, flags: &[String]) -> ControllerEnv {
+        Self::new_with_flags(prefix, max, "base", Vec::new(), flags.to_vec()).await
     }
 
     /// Start one more controller pod (the base Deployment, from its image) for
@@ -103,6 +122,7 @@ impl ControllerEnv {
             format!("--leader-election-namespace={}", self.operator_ns),
             "--zap-log-level=debug".to_string(),
         ];
+        args.extend_from_slice(&self.flags);
         args.extend_from_slice(extra);
         let mut launch = Launch::new(self.overlay, "nmo-controller");
         for (name, path) in &self.volumes {
@@ -194,8 +214,19 @@ impl ControllerEnv {
         what: &str,
         ok: impl Fn(&NodeMaintenance) -> bool,
     ) -> NodeMaintenance {
+        self.wait_nm_within(name, what, LONG, ok).await
+    }
+
+    /// [`ControllerEnv::wait_nm`] with a deadline of its own.
+    pub async fn wait_nm_within(
+        &self,
+        name: &str,
+        what: &str,
+        within: Duration,
+        ok: impl Fn(&NodeMaintenance) -> bool,
+    ) -> NodeMaintenance {
         let api = self.nms();
-        let res = until(what, LONG, || {
+        let res = until(what, within, || {
             let api = api.clone();
             let ok = &ok;
             async move {

@@ -26,6 +26,7 @@ mod controller_metrics;
 mod deployments;
 mod drain_parity;
 mod drain_timeout;
+mod gates;
 mod kubevirt;
 mod lease;
 mod metrics_auth;

@@ -20,6 +20,8 @@ use nmo_tests::webhook_pod::TestWebhook;
 use serde_json::Value;
 use shared::MaintenancePhase;
 
+mod fleet_gates;
+
 const NS: &str = "nmo-system";
 const LONG: Duration = Duration::from_secs(90);
 const WEBHOOK_JOB: &str = "nmo-webhook-metrics";
