@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 
 use super::watch::Limits;
-use super::{PROGRESS, ZONES};
+use super::PROGRESS;
 use crate::scale::{Census, NAMESPACE};
 
 /// Evictions in flight per node (the controller's drain sends as many).
@@ -52,7 +52,14 @@ pub async fn run(
             .or_default()
             .push(n.clone());
     }
-    let rounds = by_zone.values().map(Vec::len).max().unwrap_or(0);
+    // At most one node per zone and `limits.total` nodes at once.
+    let at_most = by_zone.len().min(limits.total).max(1);
+    let rounds = by_zone
+        .values()
+        .map(Vec::len)
+        .max()
+        .unwrap_or(0)
+        .max(nodes.len().div_ceil(at_most));
     println!(
         "== fleet: the plane's floor: the bench drains {} other nodes itself (cordon, Eviction API, pods gone, uncordon), one per zone at a time, at most {} at once, no controller",
         nodes.len(),
@@ -98,9 +105,8 @@ pub async fn run(
         .map_or(start.elapsed(), |t| t.duration_since(start));
     let evictions = evicted.load(Ordering::SeqCst);
     println!(
-        "  floor: {evictions} evictions from {} nodes in {rounds} rounds of up to {} nodes: the last pods gone {:.2} s after the start",
+        "  floor: {evictions} evictions from {} nodes, at most {at_most} at once ({rounds} rounds at the least): the last pods gone {:.2} s after the start",
         nodes.len(),
-        ZONES.min(limits.total),
         took.as_secs_f64()
     );
     Ok(Floor {
