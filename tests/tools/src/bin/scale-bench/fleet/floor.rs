@@ -20,8 +20,8 @@ use nmo_tests::wait::{Poll, until};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use super::watch::Limits;
 use super::PROGRESS;
+use super::watch::Limits;
 use crate::scale::{Census, NAMESPACE};
 
 /// Evictions in flight per node (the controller's drain sends as many).

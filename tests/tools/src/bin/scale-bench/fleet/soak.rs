@@ -342,9 +342,17 @@ async fn faults(
     };
     let mut next_kill = plan.next_kill(plan.start);
     let mut next_sample = plan.start;
+    // No kill in the last stretch (the shortest interval): the controller
+    // that winds down, and whose kept entries are read, has run the flow.
+    let last_kill = end.checked_sub(plan.kill_every.0).unwrap_or(plan.start);
     loop {
         let restart = plan.restarts.front().copied().unwrap_or(end);
-        let next = next_kill.min(restart).min(next_sample).min(end);
+        let kill = if next_kill <= last_kill {
+            next_kill
+        } else {
+            end
+        };
+        let next = kill.min(restart).min(next_sample).min(end);
         // A schedule of faults, not a synchronisation.
         tokio::time::sleep_until(next.into()).await;
         if next == next_sample || next == end {
@@ -363,7 +371,7 @@ async fn faults(
                 "  soak: {}: {r}; kube-controller-manager and kube-scheduler restarted after it to refresh their watches, kwok left to reconnect",
                 plan.at()
             );
-        } else if next == next_kill {
+        } else if next == kill {
             let pid = svc.controller.proc.pid();
             let took = kill_controller(client, svc).await?;
             out.kills.push(took);
