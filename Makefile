@@ -66,7 +66,7 @@ bench: setup ## Performance figures: webhook reviews/s, latency and memory (allo
 	cargo run --release -q -p nmo-shared --example log_writers -- 200000 3
 	bash tests/bench-scale.sh
 
-bench-scale: setup ## Both services at 1,000 nodes and 30,000 pods on a plane of their own: memory, reviews/s, 100 maintenances at once, soak (fresh: 25-45 min on 2 cores, most of it the fill; BENCH_SCALE_KEEP=1 keeps the plane for the next run)
+bench-scale: setup ## Both services at 1,000 nodes and 30,000 pods on a plane of their own: memory, reviews/s, 100 maintenances at once, churn soak, then the fleet gates: 200 maintenances over 10 zones (1 per zone, max 10% unavailable) against the plane's floor, and a 30-min soak with the controller SIGKILLed and the API server restarted (fresh: 60-85 min on 2 cores; BENCH_SCALE_KEEP=1 keeps the plane for the next run)
 	bash tests/bench-scale.sh
 
 images: setup ## OCI image archives of both services in target/images/, each an image index for linux/amd64 and linux/arm64 (static musl binaries, FROM scratch, reproducible, no container daemon; the arm64 cross build adds about 5 min cold on 2 cores, docs/performance.md)

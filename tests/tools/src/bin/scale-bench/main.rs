@@ -6,10 +6,15 @@
 //! node and PodDisruptionBudget churn; the webhook's reviews/s; one 30-pod
 //! node's create -> Succeeded and delete -> node given back; 100
 //! NodeMaintenances created at once (`--max-concurrent-maintenances=0`)
-//! until all are Succeeded; API requests per maintenance.
+//! until all are Succeeded; API requests per maintenance. Then the fleet
+//! gates (fleet/): 200 maintenances through the zone and max-unavailable
+//! budgets against the plane's floor, and a 30-minute soak with the
+//! controller SIGKILLed and the API server restarted.
 //!
 //! Settings (environment): BENCH_SCALE_NODES (1000), BENCH_SCALE_MAINTENANCES
-//! (100), BENCH_SCALE_SOAK (Go duration, 3m), BENCH_SCALE_FILL_TIMEOUT (30m).
+//! (100), BENCH_SCALE_SOAK (Go duration, 3m), BENCH_SCALE_FILL_TIMEOUT (30m),
+//! BENCH_SCALE_FLEET_MAINTENANCES (200), BENCH_SCALE_FLEET_SOAK (30m),
+//! BENCH_SCALE_FLEET_KILL_EVERY (2m-6m).
 
 use std::collections::BTreeSet;
 use std::process::ExitCode;
@@ -36,6 +41,7 @@ use shared::api::consts::{
 };
 use shared::{MaintenancePhase, NodeMaintenance};
 
+mod fleet;
 mod scale;
 
 /// Label of this bench's NodeMaintenances (and name prefix, for the webhook).
@@ -183,8 +189,28 @@ struct Services {
     webhook: LocalPod,
     controller: LocalPod,
     controller_metrics: u16,
+    /// When the running controller process was started.
+    controller_started: Instant,
+    /// The controller's --metrics-cert-dir argument.
+    metrics_cert: String,
     reader: MetricsReader,
     ca_file: std::path::PathBuf,
+}
+
+/// The controller from its image, with `extra` arguments after the
+/// manifest's (and the metrics certificate); Ready.
+async fn launch_controller(
+    client: &Client,
+    metrics_cert: &str,
+    extra: &[String],
+) -> anyhow::Result<LocalPod> {
+    let controller = Launch::new("base", "nmo-controller")
+        .pod_name("nmo-controller-scale")
+        .extra_args(std::iter::once(metrics_cert.to_string()).chain(extra.iter().cloned()))
+        .start(client)
+        .await?;
+    controller.wait_ready(LONG).await?;
+    Ok(controller)
 }
 
 impl Services {
@@ -217,12 +243,12 @@ impl Services {
             &certs::ca_bundle_base64(ca.cert_pem()),
         )
         .await;
-        let controller = Launch::new("base", "nmo-controller")
-            .pod_name("nmo-controller-scale")
-            .extra_args([metrics_cert, "--max-concurrent-maintenances=0".to_string()])
-            .start(client)
-            .await?;
-        controller.wait_ready(LONG).await?;
+        let controller = launch_controller(
+            client,
+            &metrics_cert,
+            &["--max-concurrent-maintenances=0".to_string()],
+        )
+        .await?;
         let controller_metrics = controller.flag_port("metrics-bind-address")?;
         let reader =
             MetricsReader::create(client, "nmo-scale-bench-reader", ca.cert_pem().as_bytes())
@@ -231,6 +257,8 @@ impl Services {
             webhook,
             controller,
             controller_metrics,
+            controller_started: Instant::now(),
+            metrics_cert,
             reader,
             ca_file,
         };
@@ -249,6 +277,29 @@ impl Services {
         )
         .await?;
         Ok(services)
+    }
+
+    /// Stop the controller (SIGKILL when `crash`, else SIGTERM as a kubelet
+    /// does) and start it again, from its image, with `extra` arguments.
+    async fn restart_controller(
+        &mut self,
+        client: &Client,
+        extra: &[String],
+        crash: bool,
+    ) -> anyhow::Result<()> {
+        if crash {
+            self.controller.proc.kill();
+        } else if let Err(e) = self.controller.proc.terminate() {
+            eprintln!("{e}");
+        }
+        self.controller = launch_controller(client, &self.metrics_cert, extra).await?;
+        self.controller_metrics = self.controller.flag_port("metrics-bind-address")?;
+        self.controller_started = Instant::now();
+        Ok(())
+    }
+
+    fn controller_age(&self) -> Duration {
+        self.controller_started.elapsed()
     }
 
     fn pids(&self) -> (u32, u32) {
@@ -550,6 +601,8 @@ async fn run() -> anyhow::Result<()> {
         );
         svc.check_alive()?;
     }
+
+    fleet::run(&client, &mut svc, &census, &nodes, &mut table).await?;
 
     println!("== scale bench figures (targets printed, not asserted)");
     table.print();
@@ -899,6 +952,24 @@ struct Many {
     evicted_each: usize,
 }
 
+/// Create NodeMaintenance `names[i]` for `nodes[i]`, all at once.
+async fn create_at_once(
+    api: &Api<NodeMaintenance>,
+    names: &[String],
+    nodes: &[String],
+) -> anyhow::Result<()> {
+    futures::stream::iter(names.iter().zip(nodes))
+        .map(|(name, node)| async move {
+            api.create(&PostParams::default(), &maintenance(name, node)?)
+                .await
+                .with_context(|| format!("creating NodeMaintenance {name} for node {node}"))
+        })
+        .buffer_unordered(names.len().max(1))
+        .try_collect::<Vec<_>>()
+        .await
+        .map(drop)
+}
+
 /// Create a NodeMaintenance on each of `nodes` at once; time until all are Succeeded.
 async fn many_maintenances(
     client: &Client,
@@ -908,18 +979,7 @@ async fn many_maintenances(
     let api: Api<NodeMaintenance> = Api::all(client.clone());
     let names: Vec<String> = nodes.iter().map(|n| format!("{GROUP}-{n}")).collect();
     let start = Instant::now();
-    futures::stream::iter(names.iter().zip(nodes))
-        .map(|(name, node)| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &maintenance(name, node)?)
-                    .await
-                    .with_context(|| format!("creating NodeMaintenance {name}"))
-            }
-        })
-        .buffer_unordered(nodes.len())
-        .try_collect::<Vec<_>>()
-        .await?;
+    create_at_once(&api, &names, nodes).await?;
     let created = start.elapsed();
     let mut first = None;
     tracker

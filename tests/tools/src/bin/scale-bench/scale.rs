@@ -25,7 +25,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::PostParams;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
@@ -81,7 +81,11 @@ impl Census {
         let (pods, synced) = (census.pods.clone(), census.synced.clone());
         let api: Api<Pod> = Api::namespaced(client, NAMESPACE);
         tokio::spawn(async move {
-            let mut stream = watcher(api, watcher::Config::default()).boxed();
+            // With a backoff: an API server restart (the fleet soak) must not
+            // turn the reconnects into a busy loop.
+            let mut stream = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             let mut listing: Option<HashMap<String, Facts>> = None;
             while let Some(event) = stream.next().await {
                 let Ok(mut map) = pods.lock() else { return };
