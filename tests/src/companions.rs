@@ -355,6 +355,7 @@ pub fn set_targets(
 pub struct TestAlert {
     path: PathBuf,
     name: String,
+    labels: BTreeMap<String, String>,
 }
 
 impl TestAlert {
@@ -370,12 +371,18 @@ impl TestAlert {
         let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
         let rules = json!({"groups": [{"name": format!("test-{name}"), "interval": "1s",
             "rules": [{"alert": name, "expr": "vector(1)", "labels": labels}]}]});
-        let path = dir.join(format!("{name}.yaml"));
+        // One file per raise: tests raising the same alert name never remove
+        // each other's.
+        let path = dir.join(format!("{}.yaml", crate::unique(name)));
         std::fs::write(&path, serde_yaml::to_string(&rules)?)
             .with_context(|| format!("writing {}", path.display()))?;
         let alert = TestAlert {
             path,
             name: name.to_string(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         prometheus_reload().await?;
         alert.wait(true).await?;
@@ -401,7 +408,13 @@ impl TestAlert {
                     .as_array()
                     .into_iter()
                     .flatten()
-                    .filter(|a| a["labels"]["alertname"] == self.name.as_str())
+                    .filter(|a| {
+                        a["labels"]["alertname"] == self.name.as_str()
+                            && self
+                                .labels
+                                .iter()
+                                .all(|(k, v)| a["labels"][k.as_str()] == v.as_str())
+                    })
                     .map(|a| a["state"].as_str().unwrap_or_default().to_string())
                     .collect();
                 let done = if firing {
