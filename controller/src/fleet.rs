@@ -6,7 +6,7 @@
 //! itself stays pure; this only gathers its inputs.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
@@ -35,6 +35,10 @@ struct Nodes {
     live: BTreeMap<String, NodeView>,
     /// A re-list in progress: replaces `live` once complete.
     relist: Option<BTreeMap<String, NodeView>>,
+    /// `live` as the decisions read it, built once per change of a view (a
+    /// kubelet heartbeat changes none): the decisions of a waiting queue
+    /// share it instead of copying every node each.
+    snapshot: Option<Arc<Vec<NodeView>>>,
 }
 
 struct Alerts {
@@ -81,16 +85,22 @@ impl Fleet {
             watcher::Event::InitDone => {
                 if let Some(relist) = nodes.relist.take() {
                     nodes.live = relist;
+                    nodes.snapshot = None;
                 }
             }
             watcher::Event::Apply(n) if counts(n) => {
                 let v = view(n);
-                nodes.live.insert(v.name.clone(), v);
+                if nodes.live.get(&v.name) != Some(&v) {
+                    nodes.live.insert(v.name.clone(), v);
+                    nodes.snapshot = None;
+                }
             }
             // A node that no longer carries the selector's labels leaves.
             watcher::Event::Apply(n) | watcher::Event::Delete(n) => {
                 if let Some(name) = n.metadata.name.as_deref() {
-                    nodes.live.remove(name);
+                    if nodes.live.remove(name).is_some() {
+                        nodes.snapshot = None;
+                    }
                 }
             }
         }
@@ -127,10 +137,14 @@ impl Fleet {
     /// A judge of one decision: the nodes as watched now, `alerts` as
     /// read, the time `now`.
     pub fn judge<'a>(&'a self, alerts: &'a AlertsSeen, now: Timestamp) -> Judge<'a> {
-        let nodes: Vec<NodeView> = if self.gates.needs_nodes() {
-            self.nodes.locked().live.values().cloned().collect()
+        let nodes = if self.gates.needs_nodes() {
+            let mut nodes = self.nodes.locked();
+            let Nodes { live, snapshot, .. } = &mut *nodes;
+            snapshot
+                .get_or_insert_with(|| Arc::new(live.values().cloned().collect()))
+                .clone()
         } else {
-            Vec::new()
+            Arc::default()
         };
         Judge {
             gates: &self.gates,
@@ -144,7 +158,7 @@ impl Fleet {
 /// What one decision judges by (see [`Fleet::judge`]).
 pub struct Judge<'a> {
     gates: &'a Gates,
-    nodes: Vec<NodeView>,
+    nodes: Arc<Vec<NodeView>>,
     alerts: &'a AlertsSeen,
     now: Timestamp,
 }
@@ -290,6 +304,29 @@ mod tests {
             .map(|v| (v.name.clone(), v.ready))
             .collect();
         assert_eq!(live, vec![("n3".to_string(), true)]);
+    }
+
+    #[test]
+    fn a_heartbeat_keeps_the_shared_snapshot() {
+        let fleet = Fleet::new(Gates {
+            max_per_zone: 1,
+            ..Gates::default()
+        })
+        .expect("fleet");
+        let alerts = AlertsSeen::NotRead;
+        fleet.observe(&watcher::Event::Apply(node("n1", "True")));
+        let first = fleet.judge(&alerts, Timestamp::UNIX_EPOCH).nodes;
+        fleet.observe(&watcher::Event::Apply(node("n1", "True")));
+        assert!(Arc::ptr_eq(
+            &first,
+            &fleet.judge(&alerts, Timestamp::UNIX_EPOCH).nodes
+        ));
+        fleet.observe(&watcher::Event::Apply(node("n1", "False")));
+        let after = fleet.judge(&alerts, Timestamp::UNIX_EPOCH).nodes;
+        assert!(
+            !Arc::ptr_eq(&first, &after) && !after[0].ready,
+            "a change rebuilds it"
+        );
     }
 
     #[test]
