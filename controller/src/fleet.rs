@@ -256,6 +256,15 @@ mod tests {
 
     const ZONE: &str = "topology.kubernetes.io/zone";
 
+    /// A fleet with a node gate (one per zone), so it keeps node views.
+    fn zone_fleet() -> Fleet {
+        Fleet::new(Gates {
+            max_per_zone: 1,
+            ..Gates::default()
+        })
+        .expect("fleet")
+    }
+
     fn node(name: &str, ready: &str) -> partial::NodeView {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": "a"}},
@@ -266,11 +275,7 @@ mod tests {
 
     #[test]
     fn node_views_follow_the_watch_and_a_relist_replaces_them() {
-        let fleet = Fleet::new(Gates {
-            max_per_zone: 1,
-            ..Gates::default()
-        })
-        .expect("fleet");
+        let fleet = zone_fleet();
         fleet.observe(&watcher::Event::Apply(node("n1", "True")));
         fleet.observe(&watcher::Event::Apply(node("n2", "False")));
         assert_eq!(fleet.nodes_len(), 2);
@@ -308,11 +313,7 @@ mod tests {
 
     #[test]
     fn a_heartbeat_keeps_the_shared_snapshot() {
-        let fleet = Fleet::new(Gates {
-            max_per_zone: 1,
-            ..Gates::default()
-        })
-        .expect("fleet");
+        let fleet = zone_fleet();
         let alerts = AlertsSeen::NotRead;
         fleet.observe(&watcher::Event::Apply(node("n1", "True")));
         let first = fleet.judge(&alerts, Timestamp::UNIX_EPOCH).nodes;
