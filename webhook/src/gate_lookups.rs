@@ -71,8 +71,7 @@ impl GateSettings {
 
     /// Whether any gate is set (none: nothing to look up or say).
     pub fn any(&self) -> bool {
-        let g = &self.gates;
-        g.needs_nodes() || g.needs_alerts() || !g.windows.is_empty() || g.pause_after_failure
+        self.gates.any()
     }
 }
 

@@ -107,6 +107,14 @@ impl Gates {
             .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
     }
 
+    /// Whether any gate is set (none: every maintenance the slots admit starts).
+    pub fn any(&self) -> bool {
+        self.needs_nodes()
+            || self.needs_alerts()
+            || !self.windows.is_empty()
+            || self.pause_after_failure
+    }
+
     /// Whether [`Observed::alerts`] must be gathered.
     pub fn needs_alerts(&self) -> bool {
         self.alerts.is_some()
