@@ -4,6 +4,7 @@
 //! three zones.
 
 use k8s_openapi::jiff::{Timestamp, ToSpan as _};
+use kube::api::{Patch, PatchParams};
 use nmo_tests::companions::{TestAlert, prometheus_url};
 use nmo_tests::controller_env::{pdb_in, pod_in};
 use nmo_tests::fixtures::GROUP_KEY;
@@ -129,7 +130,8 @@ async fn five_gates_order_a_fleet_of_three_zones() {
     for (short, zone) in nodes {
         names.push(g.node(&format!("{short}-node"), zone, false).await);
     }
-    // m1's maintenance fails 20 s into its drain: a PDB holds its pod.
+    // m1's drain is held by a PDB; it fails when the test shortens its
+    // drainTimeout (below), not on a clock racing the checks before it.
     let ns = g.env.bed.namespace.clone();
     pod_in(&g.env, &ns, "guarded", &names[0]).await;
     pdb_in(&g.env, &ns, "guard", "guarded").await;
@@ -137,7 +139,7 @@ async fn five_gates_order_a_fleet_of_three_zones() {
         "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
         "kind": "NodeMaintenance",
         "metadata": {"name": g.env.n("m1"), "labels": {GROUP_KEY: g.env.bed.group}},
-        "spec": {"nodeName": names[0], "reason": "fails", "drainTimeout": "20s",
+        "spec": {"nodeName": names[0], "reason": "fails", "drainTimeout": "30m",
                  "drainTimeoutAction": "Fail"}
     }))
     .expect("nm json");
@@ -175,7 +177,18 @@ async fn five_gates_order_a_fleet_of_three_zones() {
         holds(m, &budgets)
     })
     .await;
-    // m1 fails at its deadline and gives its node back: the pause holds all.
+    // m1's deadline is brought forward: it fails and gives its node back;
+    // the pause holds all.
+    let shorter = json!({"spec": {"drainTimeout": "1s"}});
+    g.env
+        .nms()
+        .patch(
+            &g.env.n("m1"),
+            &PatchParams::default(),
+            &Patch::Merge(&shorter),
+        )
+        .await
+        .expect("m1's drainTimeout shortened");
     let paused = [
         ("m1", "Failed"),
         ("m2", "PausedAfterFailure"),
