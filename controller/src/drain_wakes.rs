@@ -31,7 +31,9 @@
 //! - **Lost track**: a watch that had to list again (410 Gone, a failed
 //!   watch) may have missed a deletion: a re-listed PDB watch wakes the
 //!   namespaces of the PDBs that vanished meanwhile, a re-listed pod watch
-//!   wakes its node's maintenance.
+//!   wakes its node's maintenance. While the PDB watch reconnects, the PDBs
+//!   are listed every 0.2 s instead (see [`deaf`]): a restarted API server
+//!   answers lists a second or more before it resumes watches.
 
 use shared::rules::sync::LockExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -45,6 +47,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use shared::kube::partial::{PdbView, PodMeta};
 use shared::{MaintenancePhase, NodeMaintenance};
+
+mod deaf;
 
 use crate::queue_metrics::WorkQueue;
 use crate::watches::log_watch_error;
@@ -105,32 +109,50 @@ pub fn wakes(
         queue,
         pdbs,
         pdb_facts: Pdbs::default(),
+        deaf: deaf::DeafPoll::default(),
         pods: SelectAll::new(),
         watched: BTreeMap::new(),
         over_limit_logged: false,
         ready: VecDeque::new(),
         up,
     };
-    futures::stream::unfold(
-        (state, None::<tokio::time::Interval>),
-        |(mut s, tick)| async move {
-            let mut tick = tick.unwrap_or_else(|| {
-                let mut t = tokio::time::interval(FOLLOW_MAINTENANCES);
-                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                t
-            });
-            loop {
-                if let Some(nm) = s.ready.pop_front() {
-                    return Some((nm, (s, Some(tick))));
-                }
-                tokio::select! {
-                    _ = tick.tick() => s.follow_maintenances(),
-                    Some(e) = s.pdbs.next() => s.on_pdb(e),
-                    Some((node, e)) = s.pods.next(), if !s.pods.is_empty() => s.on_pod(&node, e),
-                }
+    futures::stream::unfold((state, None::<Ticks>), |(mut s, ticks)| async move {
+        let mut ticks = ticks.unwrap_or_else(Ticks::new);
+        loop {
+            if let Some(nm) = s.ready.pop_front() {
+                return Some((nm, (s, Some(ticks))));
             }
-        },
-    )
+            let deaf = s.deaf.deaf();
+            let listing = s.deaf.listing();
+            tokio::select! {
+                _ = ticks.follow.tick() => s.follow_maintenances(),
+                _ = ticks.deaf.tick(), if deaf => s.poll_pdbs(),
+                Some(listed) = s.deaf.listed(), if listing => s.on_pdb_list(listed),
+                Some(e) = s.pdbs.next() => s.on_pdb(e),
+                Some((node, e)) = s.pods.next(), if !s.pods.is_empty() => s.on_pod(&node, e),
+            }
+        }
+    })
+}
+
+/// The loop's clocks: following the maintenances, polling deaf PDBs.
+struct Ticks {
+    follow: tokio::time::Interval,
+    deaf: tokio::time::Interval,
+}
+
+impl Ticks {
+    fn new() -> Ticks {
+        let every = |period| {
+            let mut t = tokio::time::interval(period);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        };
+        Ticks {
+            follow: every(FOLLOW_MAINTENANCES),
+            deaf: every(deaf::POLL_EVERY),
+        }
+    }
 }
 
 struct Blockers {
@@ -139,6 +161,8 @@ struct Blockers {
     queue: WorkQueue,
     pdbs: BoxStream<'static, WatchEvent<PdbView>>,
     pdb_facts: Pdbs,
+    /// Lists of the PDBs while their watch reconnects.
+    deaf: deaf::DeafPoll,
     /// The pod watches of the nodes in `watched`, each event with its node.
     pods: SelectAll<BoxStream<'static, (String, WatchEvent<PodMeta>)>>,
     watched: BTreeMap<String, PodWatch>,
@@ -171,9 +195,37 @@ impl Blockers {
     fn on_pdb(&mut self, event: WatchEvent<PdbView>) {
         let event = match event {
             Ok(e) => e,
-            Err(e) => return log_watch_error("poddisruptionbudgets.policy", &e),
+            Err(e) => {
+                self.deaf.watch_failed(tokio::time::Instant::now());
+                return log_watch_error("poddisruptionbudgets.policy", &e);
+            }
         };
-        for cleared in self.pdb_facts.on_event(event) {
+        self.deaf.watch_delivered();
+        let cleared = self.pdb_facts.on_event(event);
+        self.wake_cleared(cleared);
+    }
+
+    /// While the PDB watch reconnects: list them, if a drain waits for a pod.
+    fn poll_pdbs(&mut self) {
+        let waits = draining(&self.store.state()).any(|nm| !pending(nm).is_empty());
+        self.deaf
+            .tick(tokio::time::Instant::now(), waits, &self.client);
+    }
+
+    fn on_pdb_list(&mut self, listed: kube::Result<Vec<PdbView>>) {
+        match listed {
+            Ok(pdbs) => {
+                let cleared = self.pdb_facts.polled(pdbs);
+                self.wake_cleared(cleared);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "listing the PodDisruptionBudgets while their watch reconnects failed; trying again")
+            }
+        }
+    }
+
+    fn wake_cleared(&mut self, cleared: Vec<Cleared>) {
+        for cleared in cleared {
             let why = format!(
                 "PodDisruptionBudget {}/{} {}",
                 cleared.namespace, cleared.name, cleared.what
@@ -448,20 +500,43 @@ impl Pdbs {
             }
             watcher::Event::InitDone => {
                 let seen = self.listing.take().unwrap_or_default();
-                let gone: Vec<_> = self
-                    .known
-                    .keys()
-                    .filter(|k| !seen.contains(*k))
-                    .cloned()
-                    .collect();
-                gone.into_iter()
-                    .map(|k| {
-                        self.known.remove(&k);
-                        cleared(k, "was deleted (seen on a new full list)")
-                    })
-                    .collect()
+                self.forget_unseen(&seen, "was deleted (seen on a new full list)")
             }
         }
+    }
+
+    /// A list made while the watch reconnects: compared as a new full list.
+    fn polled(&mut self, pdbs: Vec<PdbView>) -> Vec<Cleared> {
+        let seen: HashSet<(String, String)> = pdbs.iter().map(key).collect();
+        let mut out: Vec<Cleared> = pdbs
+            .iter()
+            .flat_map(|pdb| self.applied(key(pdb), PdbFacts::of(pdb)))
+            .collect();
+        out.extend(self.forget_unseen(
+            &seen,
+            "was deleted (seen on a list while its watch reconnects)",
+        ));
+        out
+    }
+
+    /// The known PDBs a full list did not show: deleted meanwhile.
+    fn forget_unseen(
+        &mut self,
+        seen: &HashSet<(String, String)>,
+        what: &'static str,
+    ) -> Vec<Cleared> {
+        let gone: Vec<_> = self
+            .known
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        gone.into_iter()
+            .map(|k| {
+                self.known.remove(&k);
+                cleared(k, what)
+            })
+            .collect()
     }
 
     /// A PDB seen for the first time blocks nothing new; a known one clears
@@ -567,6 +642,48 @@ mod tests {
             ]
         );
         assert_eq!(p.known.len(), 1);
+    }
+
+    #[test]
+    fn a_list_while_the_watch_reconnects_names_what_cleared() {
+        let mut p = Pdbs::default();
+        for e in [
+            Event::Init,
+            Event::InitApply(pdb("a", "web", 1, 0)),
+            Event::InitApply(pdb("b", "db", 1, 0)),
+            Event::InitApply(pdb("c", "queue", 1, 0)),
+            Event::InitDone,
+        ] {
+            p.on_event(e);
+        }
+        let listed = vec![
+            pdb("a", "web", 1, 0),
+            pdb("c", "queue", 1, 1),
+            pdb("d", "new", 1, 0),
+        ];
+        assert_eq!(
+            what(p.polled(listed.clone())),
+            [
+                "c/queue allows a disruption now",
+                "b/db was deleted (seen on a list while its watch reconnects)"
+            ]
+        );
+        assert!(
+            p.polled(listed).is_empty(),
+            "the same list again: nothing new"
+        );
+        // The watch's own full list afterwards agrees: nothing wakes twice.
+        let mut again = vec![];
+        for e in [
+            Event::Init,
+            Event::InitApply(pdb("a", "web", 1, 0)),
+            Event::InitApply(pdb("c", "queue", 1, 1)),
+            Event::InitApply(pdb("d", "new", 1, 0)),
+            Event::InitDone,
+        ] {
+            again.extend(what(p.on_event(e)));
+        }
+        assert!(again.is_empty(), "{again:?}");
     }
 
     fn nm(name: &str, node: &str, phase: &str, pending: &[(&str, &str)]) -> Arc<NodeMaintenance> {
