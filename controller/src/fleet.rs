@@ -27,8 +27,15 @@ const WINDOW_RECHECK_MAX: Duration = Duration::from_secs(3600);
 pub struct Fleet {
     pub gates: Gates,
     nodes: Mutex<Nodes>,
+    /// True once the node watch listed every node (its first InitDone):
+    /// until then the budgets would count an empty or partial fleet.
+    listed: tokio::sync::watch::Sender<bool>,
     alerts: Option<Alerts>,
 }
+
+/// How long a decision waits for the first node list before it reports the
+/// wait (and looks again after [`crate::plan::REQUEUE_PENDING`]).
+const NODES_LISTED_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct Nodes {
@@ -61,6 +68,7 @@ impl Fleet {
         Ok(Fleet {
             gates,
             nodes: Mutex::default(),
+            listed: tokio::sync::watch::Sender::new(false),
             alerts,
         })
     }
@@ -86,6 +94,7 @@ impl Fleet {
                 if let Some(relist) = nodes.relist.take() {
                     nodes.live = relist;
                     nodes.snapshot = None;
+                    self.listed.send_replace(true);
                 }
             }
             watcher::Event::Apply(n) if counts(n) => {
@@ -109,6 +118,20 @@ impl Fleet {
     /// Nodes known (0 unless a node gate is set).
     pub fn nodes_len(&self) -> usize {
         self.nodes.locked().live.len()
+    }
+
+    /// Whether the budgets may decide: no node gate is set, or the node
+    /// watch has listed every node. Waits up to [`NODES_LISTED_WAIT`] for
+    /// that first list (a controller that just started, or restarted,
+    /// decides nothing on a fleet it has not seen).
+    pub async fn nodes_listed(&self) -> bool {
+        if !self.gates.needs_nodes() {
+            return true;
+        }
+        let mut listed = self.listed.subscribe();
+        tokio::time::timeout(NODES_LISTED_WAIT, listed.wait_for(|l| *l))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// The alerts for a decision: `NotRead` when the gate is off, else the
@@ -180,6 +203,25 @@ impl Judge<'_> {
                 message,
             }),
         }
+    }
+}
+
+/// The wait of a maintenance that has not started while the nodes are not
+/// listed yet: named after the budget that needs them (max-unavailable
+/// first, the order of the gates).
+pub fn unlisted(gates: &Gates) -> Held {
+    let (reason, flag) = match gates.max_unavailable {
+        Some(_) => (gates::GateReason::MaxUnavailable, "--max-unavailable"),
+        None => (gates::GateReason::ZoneBudget, "--max-concurrent-per-zone"),
+    };
+    Held {
+        reason,
+        message: format!(
+            "waits for the node list: {flag} counts the nodes, and this controller has not \
+             listed them yet (it started or reconnected just now); if this lasts, check that \
+             it may list and watch nodes (its ClusterRole) and its log for the nodes watch"
+        ),
+        requeue: crate::plan::REQUEUE_PENDING,
     }
 }
 
@@ -328,6 +370,55 @@ mod tests {
             !Arc::ptr_eq(&first, &after) && !after[0].ready,
             "a change rebuilds it"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_budgets_wait_for_the_first_node_list() {
+        let fleet = zone_fleet();
+        fleet.observe(&watcher::Event::Init);
+        fleet.observe(&watcher::Event::InitApply(node("n1", "True")));
+        assert!(
+            !fleet.nodes_listed().await,
+            "a partial list decides nothing"
+        );
+        fleet.observe(&watcher::Event::InitDone);
+        assert!(fleet.nodes_listed().await);
+        // A later re-list keeps the old list meanwhile: still listed.
+        fleet.observe(&watcher::Event::Init);
+        assert!(fleet.nodes_listed().await);
+        let ungated = Fleet::new(Gates::default()).expect("fleet");
+        assert!(
+            ungated.nodes_listed().await,
+            "no node gate: nothing to wait for"
+        );
+    }
+
+    #[test]
+    fn a_wait_for_the_node_list_names_the_budget_that_needs_it() {
+        let both = Gates {
+            max_unavailable: Some(gates::MaxUnavailable::Nodes(2)),
+            max_per_zone: 1,
+            ..Gates::default()
+        };
+        let zone = Gates {
+            max_per_zone: 1,
+            ..Gates::default()
+        };
+        let cases = [
+            (both, MaxUnavailable, "--max-unavailable"),
+            (zone, ZoneBudget, "--max-concurrent-per-zone"),
+        ];
+        for (gates, reason, flag) in cases {
+            let held = unlisted(&gates);
+            assert_eq!(held.reason, reason, "{flag}");
+            assert!(held.message.contains(flag), "{}", held.message);
+            assert!(
+                held.message.contains("list and watch nodes"),
+                "{}",
+                held.message
+            );
+            assert_eq!(held.requeue, crate::plan::REQUEUE_PENDING);
+        }
     }
 
     #[test]

@@ -44,7 +44,13 @@ async fn admitted(seen: Observed, ctx: &Ctx) -> Observed {
     let own = slots::Entry::of(&seen.nm);
     // Read outside the lock (a bounded request, cached a few seconds), and
     // only for a maintenance that has not started.
-    let alerts = if own.phase.is_none() || own.phase == Some(MaintenancePhase::Pending) {
+    let waits = own.phase.is_none() || own.phase == Some(MaintenancePhase::Pending);
+    // The budgets count the nodes: none starts before they are listed.
+    if waits && !ctx.fleet.nodes_listed().await {
+        let held = crate::fleet::unlisted(&ctx.fleet.gates);
+        return seen.gated(held.reason, held.message, held.requeue);
+    }
+    let alerts = if waits {
         ctx.fleet.alerts().await
     } else {
         AlertsSeen::NotRead

@@ -115,3 +115,39 @@ async fn without_gates_it_starts_as_before() {
         Some(("False".to_string(), "NotQueued".to_string()))
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn no_maintenance_starts_before_the_nodes_are_listed() {
+    use kube::runtime::watcher::Event;
+    let api = FakeApi::start();
+    api.put(NODE_PATH, fake::node("worker-1"));
+    pods(&api, false);
+    let flags = [
+        "--node-lifecycle-conditions=false",
+        "--max-concurrent-per-zone=1",
+    ];
+    let ctx = fake_ctx_with(&api, &flags).await;
+    new_nm(&api);
+    pass(&api, &ctx).await.expect("finalizer");
+    // Just started: the node watch has sent its first page only.
+    let view: shared::kube::partial::NodeView =
+        serde_json::from_value(fake::node("worker-1")).expect("node view");
+    ctx.fleet.observe(&Event::Init);
+    ctx.fleet.observe(&Event::InitApply(view));
+    pass(&api, &ctx).await.expect("held");
+    assert_eq!(phase(&api), "Pending");
+    assert_eq!(
+        queued(&api),
+        Some(("True".to_string(), "ZoneBudget".to_string()))
+    );
+    let err = last_error(&api);
+    assert!(err.contains("waits for the node list"), "{err}");
+    let calls = api.calls();
+    assert!(
+        !calls.iter().any(|c| c.contains("/leases/")),
+        "no lease taken: {calls:?}"
+    );
+    ctx.fleet.observe(&Event::InitDone);
+    pass(&api, &ctx).await.expect("listed: starts");
+    assert_eq!(phase(&api), Value::from("Running"));
+}
