@@ -44,7 +44,10 @@ nodes="${BENCH_SCALE_NODES:-1000}"
 # The services run from their images; only the bench's own tools are built here.
 if [ "${NMO_TEST_BINARIES:-}" = cargo ]; then
   echo "== building the bench and the services (release; NMO_TEST_BINARIES=cargo: no images)"
-  cargo build --release -p nmo-tools --bin scale-bench --bin webhook-bench -p nmo-controller -p nmo-webhook
+  # Each --bin names its binary: a bare -p beside them would build only the
+  # named bins of every package, and the services would run stale.
+  cargo build --release -p nmo-tools -p nmo-controller -p nmo-webhook \
+    --bin scale-bench --bin webhook-bench --bin nmo-controller --bin nmo-webhook
 else
   echo "== building the bench (release) and the images"
   cargo build --release -p nmo-tools --bin scale-bench --bin webhook-bench

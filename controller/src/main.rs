@@ -91,20 +91,19 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
 
 /// The NodeMaintenance watch filling `writer`'s store (see
 /// `watches::nodemaintenances`), telling `ctx` what the cache saw and which
-/// maintenance is gone. Also: the receiver that fires on a re-list.
+/// maintenance is gone. Also: the receivers that fire on a re-list and when
+/// a maintenance left the cache.
 fn watch_maintenances(
     ctx: &Arc<Ctx>,
     client: Client,
     selector: &str,
     writer: reflector::store::Writer<NodeMaintenance>,
     gate: Gate,
-) -> (
-    impl Stream<Item = Result<NodeMaintenance, watcher::Error>> + Send + 'static,
-    UnboundedReceiver<()>,
-) {
+) -> Maintenances<impl Stream<Item = Result<NodeMaintenance, watcher::Error>> + Send + 'static> {
     let saw = Arc::downgrade(ctx);
     let gone = Arc::downgrade(ctx);
-    watches::nodemaintenances(
+    let (departed, departures) = futures::channel::mpsc::unbounded::<()>();
+    let (stream, relisted) = watches::nodemaintenances(
         client,
         selector,
         writer,
@@ -119,8 +118,23 @@ fn watch_maintenances(
             if let Some(ctx) = gone.upgrade() {
                 ctx.forget_maintenance(name);
             }
+            let _ = departed.unbounded_send(());
         },
-    )
+    );
+    Maintenances {
+        stream,
+        relisted,
+        departures,
+    }
+}
+
+/// The NodeMaintenance watch and what it signals.
+struct Maintenances<S> {
+    stream: S,
+    /// A full re-list (the watch had lost track).
+    relisted: UnboundedReceiver<()>,
+    /// A maintenance left the cache.
+    departures: UnboundedReceiver<()>,
 }
 
 /// `nmo_controller_kept_entries`, sampled from `ctx` at each scrape.
@@ -147,17 +161,20 @@ fn controller(
     ctx: Arc<Ctx>,
     client: Client,
     store: Store<NodeMaintenance>,
-    (nms, relisted): (
-        impl Stream<Item = Result<NodeMaintenance, watcher::Error>> + Send + 'static,
-        UnboundedReceiver<()>,
-    ),
+    nms: Maintenances<impl Stream<Item = Result<NodeMaintenance, watcher::Error>> + Send + 'static>,
     leadership: &leadership::Leadership,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> {
     let (queue, limit) = (ctx.metrics.queue.clone(), MAX_CONCURRENT_RECONCILES);
     ctx.metrics.set_max_concurrent_reconciles(limit.into());
     // Won the Lease, or the NodeMaintenance watch listed again: reconcile all.
+    let Maintenances {
+        stream: nms,
+        relisted,
+        departures,
+    } = nms;
     let everything = futures::stream::select(leadership.acquired(ctx.metrics.clone()), relisted);
+    let departed = watches::queued_on_departure(departures, store.clone(), queue.clone());
     let everything = watches::reconcile_all(everything, store.clone(), queue.clone());
     let unblocked = drain_wakes::wakes(
         client.clone(),
@@ -183,6 +200,7 @@ fn controller(
         })
         .reconcile_all_on(everything)
         .reconcile_on(unblocked)
+        .reconcile_on(departed)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(move |r| {

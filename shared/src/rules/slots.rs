@@ -253,6 +253,15 @@ pub(crate) fn queue(all: &[Entry]) -> Vec<&Entry> {
     queue
 }
 
+/// A NodeMaintenance left (its finalizer removed, or deleted before its
+/// turn): the ones to decide again at once, as a slot, a zone's turn, the
+/// unavailable budget, a pause or an earlier waiter may have gone with it.
+/// The queue (first per node, creation order); those that started, failed
+/// or are being deleted wait for nothing.
+pub fn woken_by_departure(all: &[Entry]) -> Vec<String> {
+    queue(all).into_iter().map(|e| e.name.clone()).collect()
+}
+
 /// When [`decide`] makes `me` wait: the NodeMaintenances ahead of it, the
 /// slot holders first, then those queued before it, each in creation order.
 /// `None` when `me` is admitted (or is a duplicate, which is not a wait).
@@ -301,6 +310,39 @@ pub(crate) mod tests {
             created: created.into(),
             phase,
             deleting: false,
+        }
+    }
+
+    #[test]
+    fn a_departure_wakes_the_queue_in_order() {
+        use MaintenancePhase::*;
+        let mut deleting = e("del", "n4", "4", Some(Pending));
+        deleting.deleting = true;
+        let cases: Vec<(&str, Vec<Entry>, Vec<&str>)> = vec![
+            ("nothing left", vec![], vec![]),
+            (
+                "holders, failed and deleting wait for nothing",
+                vec![
+                    e("run", "n1", "1", Some(Running)),
+                    e("ok", "n2", "2", Some(Succeeded)),
+                    e("bad", "n3", "3", Some(Failed)),
+                    deleting,
+                ],
+                vec![],
+            ),
+            (
+                "waiters in creation order, first per node",
+                vec![
+                    e("late", "n2", "3", Some(Pending)),
+                    e("new", "n1", "2", None),
+                    e("first", "n3", "1", Some(Pending)),
+                    e("dup", "n1", "4", None),
+                ],
+                vec!["first", "new", "late"],
+            ),
+        ];
+        for (case, all, want) in cases {
+            assert_eq!(woken_by_departure(&all), want, "{case}");
         }
     }
 
