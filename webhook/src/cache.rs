@@ -11,33 +11,24 @@
 
 use std::sync::{Arc, OnceLock};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
 use shared::api::consts::ETCD_NAMESPACE;
 use shared::kube::partial::{NodeMeta, forget_managed_fields};
 use shared::rules::nodes::is_control_plane;
 use shared::serve::probes::{Gate, Readiness};
 use shared::{NodeMaintenance, NodeMaintenanceStatus};
 
+use crate::cached::{Cached, paged, spawn_cache};
 use crate::config::OpenShiftMode;
 use crate::etcd;
 use crate::metrics::Metrics;
 use crate::validate::{EtcdGuard, Lookups, NodeFacts, Unavailable};
 pub use crate::warning_lookups::WarningSettings;
 use crate::warning_lookups::{self, WarningCaches, WarningLookups};
-
-/// Objects per page of a cache's full list (kube's default is 500): the
-/// page's JSON is held whole while it is decoded.
-const LIST_PAGE: u32 = 100;
-
-/// A cluster-wide cache's watch: full lists in pages of [`LIST_PAGE`].
-fn paged() -> watcher::Config {
-    watcher::Config::default().page_size(LIST_PAGE)
-}
 
 /// Cache names, used for readiness gates, the `cache` metric label and logs.
 const NODES: &str = "nodes";
@@ -46,34 +37,6 @@ const ETCD_PDBS: &str = "openshift-etcd poddisruptionbudgets";
 const ETCD_PODS: &str = "openshift-etcd pods";
 const OPENSHIFT_DETECTION: &str = "openshift detection";
 const PDBS: &str = "poddisruptionbudgets";
-
-/// A reflector store plus the gate that says it has its first full list.
-pub(crate) struct Cached<K: kube::runtime::reflector::Lookup + Clone + 'static>
-where
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    store: Store<K>,
-    ready: Gate,
-    name: &'static str,
-}
-
-impl<K> Cached<K>
-where
-    K: kube::runtime::reflector::Lookup + Clone + 'static,
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    pub(crate) fn ready_store(&self) -> Result<&Store<K>, Unavailable> {
-        if self.ready.is_open() {
-            Ok(&self.store)
-        } else {
-            Err(Unavailable(format!(
-                "the webhook's {} cache has not received its first complete list from the API \
-                 server yet (the webhook is starting, or cannot reach the API server; see its log)",
-                self.name
-            )))
-        }
-    }
-}
 
 struct EtcdCaches {
     pdbs: Cached<PodDisruptionBudget>,
@@ -241,66 +204,6 @@ fn slim_pod(pod: &mut Pod) {
     });
 }
 
-/// Run one reflector in the background; open its gate on the first full list.
-fn spawn_cache<K, S>(
-    name: &'static str,
-    needs: &'static str,
-    stream: S,
-    slim: impl FnMut(&mut K) + Send + 'static,
-    readiness: &Readiness,
-    metrics: &Metrics,
-) -> Cached<K>
-where
-    K: Resource
-        + kube::runtime::reflector::Lookup
-        + Clone
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    <K as kube::runtime::reflector::Lookup>::DynamicType:
-        Default + std::hash::Hash + Eq + Clone + Send + Sync,
-    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-{
-    let (store, writer) = reflector::store::<K>();
-    let ready = readiness.gate(name);
-    let gauge = metrics.cache_ready.with_label_values(&[name]);
-    gauge.set(0);
-
-    tokio::spawn(async move {
-        let mut events = std::pin::pin!(reflector::reflector(
-            writer,
-            shared::kube::watch::reconnecting(stream).modify(slim)
-        ));
-        while let Some(event) = events.next().await {
-            if let Err(e) = event {
-                // The backoff keeps retrying (shared::kube::watch); say what is wrong and how to fix it.
-                tracing::warn!(
-                    cache = name,
-                    error = %e,
-                    "watch failed, retrying with backoff; check the API server is reachable and the \
-                     webhook's ClusterRole grants {needs}"
-                );
-            }
-        }
-        tracing::error!(
-            cache = name,
-            "watch stream ended; the cache will no longer be updated"
-        );
-    });
-
-    let gate = ready.clone();
-    let reader = store.clone();
-    tokio::spawn(async move {
-        if reader.wait_until_ready().await.is_ok() {
-            gate.set(true);
-            gauge.set(1);
-            tracing::info!(cache = name, objects = reader.len(), "cache synced");
-        }
-    });
-    Cached { store, ready, name }
-}
-
 impl Lookups for Caches {
     fn warnings<'a>(
         &'a self,
@@ -375,8 +278,10 @@ impl Lookups for Caches {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::gate_lookups::GateSettings;
+    use std::time::{Duration, Instant};
 
     use crate::etcd::tests::mk_pod;
     use k8s_openapi::api::core::v1::{Container, PodCondition};
@@ -425,6 +330,106 @@ mod tests {
         assert_eq!(
             (conds[0].type_.as_str(), conds[0].status.as_str()),
             ("Ready", "False")
+        );
+    }
+
+    /// A client of an API server that never answers.
+    pub(crate) fn silent_client() -> Client {
+        let silent = tower::service_fn(|_req: axum::http::Request<kube::client::Body>| async {
+            std::future::pending::<()>().await;
+            Ok::<_, std::convert::Infallible>(axum::http::Response::new(axum::body::Body::empty()))
+        });
+        Client::new(silent, "default")
+    }
+
+    /// An API server that never answers: the warnings still come back
+    /// within --warnings-timeout, saying what was not checked.
+    #[tokio::test]
+    async fn warnings_keep_their_time_budget() {
+        let client = silent_client();
+        let metrics = Metrics::new().expect("metrics");
+        let budget = Duration::from_millis(150);
+        let caches = Caches::start(
+            client,
+            OpenShiftMode::False,
+            WarningSettings {
+                max_concurrent_maintenances: 1,
+                timeout: budget,
+                gates: GateSettings::default(),
+            },
+            &Readiness::default(),
+            &metrics,
+        );
+        let nm: NodeMaintenance = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "nm-1"}, "spec": {"nodeName": "worker-1", "reason": "r"}
+        }))
+        .expect("nm");
+        let began = Instant::now();
+        let warnings = caches.warnings(&nm).await;
+        let took = began.elapsed();
+        assert!(took >= budget && took < budget * 3, "took {took:?}");
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0]
+                .starts_with("maintenance slots not checked: the webhook's nodemaintenances cache"),
+            "{warnings:?}"
+        );
+        assert_eq!(
+            warnings[1],
+            "pods of node worker-1 not checked: no answer within --warnings-timeout 150ms"
+        );
+
+        let off = Caches::start(
+            silent_client(),
+            OpenShiftMode::False,
+            WarningSettings {
+                max_concurrent_maintenances: 1,
+                timeout: Duration::ZERO,
+                gates: GateSettings::default(),
+            },
+            &Readiness::default(),
+            &metrics,
+        );
+        assert!(
+            off.warnings(&nm).await.is_empty(),
+            "--warnings-timeout=0: off"
+        );
+    }
+
+    /// A gate set while the NodeMaintenances cache syncs: named as not
+    /// checked with the slots, never guessed.
+    #[tokio::test]
+    async fn gates_are_named_when_the_queue_is_unknown() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            gates: shared::serve::gate_flags::GateFlags,
+        }
+        let cli = Cli::try_parse_from(["nmo-webhook", "--pause-after-failure"]).expect("flags");
+        let settings = WarningSettings {
+            max_concurrent_maintenances: 1,
+            timeout: Duration::from_millis(50),
+            gates: GateSettings::of(&cli.gates).expect("gates"),
+        };
+        let metrics = Metrics::new().expect("metrics");
+        let caches = Caches::start(
+            silent_client(),
+            OpenShiftMode::False,
+            settings,
+            &Readiness::default(),
+            &metrics,
+        );
+        let nm: NodeMaintenance = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "nm-1"}, "spec": {"nodeName": "worker-1", "reason": "r"}
+        }))
+        .expect("nm");
+        let warnings = caches.warnings(&nm).await;
+        assert!(
+            warnings[0].starts_with(
+                "maintenance slots and fleet gates not checked: the webhook's nodemaintenances cache"
+            ),
+            "{warnings:?}"
         );
     }
 }

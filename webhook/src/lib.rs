@@ -1,6 +1,7 @@
 //! nmo-webhook: the validating admission webhook for NodeMaintenance objects.
 //!
-//! `run` wires the parts: certificate (`tls`), watch caches (`cache`), the pure
+//! `run` wires the parts: certificate (`tls`), watch caches (`cache`, each
+//! store and its readiness gate `cached`), the pure
 //! decision (`validate`) behind the hardened TLS endpoint (`server`), the
 //! admission warnings (`warnings`, their API lookups `warning_lookups`, the
 //! fleet gates' part `gate_lookups`),
@@ -10,6 +11,7 @@
 
 pub mod body;
 pub mod cache;
+pub mod cached;
 pub mod config;
 pub mod etcd;
 pub mod gate_lookups;

@@ -28,7 +28,7 @@ use shared::rules::ttl::TtlCache;
 use shared::{NodeMaintenance, rules::slots};
 use tokio::time::Instant as Deadline;
 
-use crate::cache::Cached;
+use crate::cached::Cached;
 use crate::gate_lookups::{GateFacts, GateLookups, GateSettings};
 use crate::validate::Unavailable;
 use crate::warnings::{self, Facts, PdbFacts, PodFacts};
@@ -390,115 +390,5 @@ pub(crate) async fn detect_openshift_until_known(client: &Client) -> bool {
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
-    }
-}
-
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use crate::cache::Caches;
-    use crate::config::OpenShiftMode;
-    use crate::metrics::Metrics;
-    use crate::validate::Lookups;
-    use shared::serve::probes::Readiness;
-
-    /// A client of an API server that never answers.
-    pub(crate) fn silent_client() -> Client {
-        let silent = tower::service_fn(|_req: axum::http::Request<kube::client::Body>| async {
-            std::future::pending::<()>().await;
-            Ok::<_, std::convert::Infallible>(axum::http::Response::new(axum::body::Body::empty()))
-        });
-        Client::new(silent, "default")
-    }
-
-    /// An API server that never answers: the warnings still come back
-    /// within --warnings-timeout, saying what was not checked.
-    #[tokio::test]
-    async fn warnings_keep_their_time_budget() {
-        let client = silent_client();
-        let metrics = Metrics::new().expect("metrics");
-        let budget = Duration::from_millis(150);
-        let caches = Caches::start(
-            client,
-            OpenShiftMode::False,
-            WarningSettings {
-                max_concurrent_maintenances: 1,
-                timeout: budget,
-                gates: GateSettings::default(),
-            },
-            &Readiness::default(),
-            &metrics,
-        );
-        let nm: NodeMaintenance = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "nm-1"}, "spec": {"nodeName": "worker-1", "reason": "r"}
-        }))
-        .expect("nm");
-        let began = Instant::now();
-        let warnings = caches.warnings(&nm).await;
-        let took = began.elapsed();
-        assert!(took >= budget && took < budget * 3, "took {took:?}");
-        assert_eq!(warnings.len(), 2, "{warnings:?}");
-        assert!(
-            warnings[0]
-                .starts_with("maintenance slots not checked: the webhook's nodemaintenances cache"),
-            "{warnings:?}"
-        );
-        assert_eq!(
-            warnings[1],
-            "pods of node worker-1 not checked: no answer within --warnings-timeout 150ms"
-        );
-
-        let off = Caches::start(
-            silent_client(),
-            OpenShiftMode::False,
-            WarningSettings {
-                max_concurrent_maintenances: 1,
-                timeout: Duration::ZERO,
-                gates: GateSettings::default(),
-            },
-            &Readiness::default(),
-            &metrics,
-        );
-        assert!(
-            off.warnings(&nm).await.is_empty(),
-            "--warnings-timeout=0: off"
-        );
-    }
-
-    /// A gate set while the NodeMaintenances cache syncs: named as not
-    /// checked with the slots, never guessed.
-    #[tokio::test]
-    async fn gates_are_named_when_the_queue_is_unknown() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            gates: shared::serve::gate_flags::GateFlags,
-        }
-        let cli = Cli::try_parse_from(["nmo-webhook", "--pause-after-failure"]).expect("flags");
-        let settings = WarningSettings {
-            max_concurrent_maintenances: 1,
-            timeout: Duration::from_millis(50),
-            gates: GateSettings::of(&cli.gates).expect("gates"),
-        };
-        let metrics = Metrics::new().expect("metrics");
-        let caches = Caches::start(
-            silent_client(),
-            OpenShiftMode::False,
-            settings,
-            &Readiness::default(),
-            &metrics,
-        );
-        let nm: NodeMaintenance = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "nm-1"}, "spec": {"nodeName": "worker-1", "reason": "r"}
-        }))
-        .expect("nm");
-        let warnings = caches.warnings(&nm).await;
-        assert!(
-            warnings[0].starts_with(
-                "maintenance slots and fleet gates not checked: the webhook's nodemaintenances cache"
-            ),
-            "{warnings:?}"
-        );
     }
 }

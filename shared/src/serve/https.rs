@@ -4,16 +4,17 @@
 //! that lets in-flight requests finish (bounded by a timeout).
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
@@ -40,16 +41,7 @@ pub async fn serve(
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     let graceful = GracefulShutdown::new();
     let connections = Arc::new(Semaphore::new(opts.max_connections));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(opts.idle_timeout)
-        .keep_alive(true);
-    if !opts.enable_http2 {
-        builder = builder.http1_only();
-    }
-    let builder = Arc::new(builder);
+    let builder = Arc::new(connection_builder(&opts));
     let mut shutdown = std::pin::pin!(shutdown);
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(endpoint, %addr, http2 = opts.enable_http2, "listening");
@@ -74,41 +66,80 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let builder = builder.clone();
+        let connection = Connection {
+            acceptor: acceptor.clone(),
+            builder: builder.clone(),
+            handshake_timeout: opts.tls_handshake_timeout,
+            peer,
+        };
         let service = TowerToHyperService::new(router.clone());
         let watcher = graceful.watcher();
-        let handshake_timeout = opts.tls_handshake_timeout;
         tokio::spawn(async move {
             let _permit = permit;
-            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
+            connection.run(stream, service, watcher).await;
         });
     }
 
     drop(listener);
+    finish_in_flight(endpoint, graceful, opts.shutdown_timeout).await;
+}
+
+/// The HTTP side of every connection: HTTP/1 with keep-alive and a header
+/// deadline, plus HTTP/2 only when asked for.
+fn connection_builder(opts: &ServeOptions) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(opts.idle_timeout)
+        .keep_alive(true);
+    if !opts.enable_http2 {
+        builder = builder.http1_only();
+    }
+    builder
+}
+
+/// One accepted TCP connection: its TLS handshake (bounded), then HTTP.
+struct Connection {
+    acceptor: TlsAcceptor,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    handshake_timeout: Duration,
+    peer: SocketAddr,
+}
+
+impl Connection {
+    async fn run(self, stream: TcpStream, service: TowerToHyperService<Router>, watcher: Watcher) {
+        let peer = self.peer;
+        let accepting = self.acceptor.accept(stream);
+        let tls = match tokio::time::timeout(self.handshake_timeout, accepting).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        };
+        let conn = self.builder.serve_connection(TokioIo::new(tls), service);
+        if let Err(e) = watcher.watch(conn).await {
+            tracing::debug!(%peer, error = %e, "connection ended with an error");
+        }
+    }
+}
+
+/// Let the connections still open finish, for at most `timeout`.
+async fn finish_in_flight(endpoint: &'static str, graceful: GracefulShutdown, timeout: Duration) {
     tracing::info!(
         connections = graceful.count(),
         endpoint,
         "stopped accepting; finishing in-flight requests"
     );
-    if tokio::time::timeout(opts.shutdown_timeout, graceful.shutdown())
+    if tokio::time::timeout(timeout, graceful.shutdown())
         .await
         .is_err()
     {
-        tracing::warn!(endpoint, timeout = ?opts.shutdown_timeout, "in-flight requests did not finish in time; closing anyway");
+        tracing::warn!(endpoint, timeout = ?timeout, "in-flight requests did not finish in time; closing anyway");
     }
 }

@@ -225,7 +225,7 @@ async fn nodes_unlisted_in_time_leave_the_window_gate() {
     ]);
     let settings = GateSettings::of(&flags).expect("settings");
     let budget = Duration::from_millis(100);
-    let client = crate::warning_lookups::tests::silent_client();
+    let client = crate::cache::tests::silent_client();
     let lookups = GateLookups::new(client, settings, budget);
     let me = entry("nm-new", "n1", NEW, None);
     let began = Deadline::now();
