@@ -280,10 +280,10 @@ impl Lookups for Caches {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::gate_lookups::GateSettings;
     use std::time::{Duration, Instant};
 
     use crate::etcd::tests::mk_pod;
+    use crate::gate_lookups::GateSettings;
     use k8s_openapi::api::core::v1::{Container, PodCondition};
 
     #[test]
@@ -342,6 +342,14 @@ pub(crate) mod tests {
         Client::new(silent, "default")
     }
 
+    /// `nm-1`, for node `worker-1`.
+    fn maintenance_of_worker_1() -> NodeMaintenance {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "nm-1"}, "spec": {"nodeName": "worker-1", "reason": "r"}
+        }))
+        .expect("nm")
+    }
+
     /// An API server that never answers: the warnings still come back
     /// within --warnings-timeout, saying what was not checked.
     #[tokio::test]
@@ -360,10 +368,7 @@ pub(crate) mod tests {
             &Readiness::default(),
             &metrics,
         );
-        let nm: NodeMaintenance = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "nm-1"}, "spec": {"nodeName": "worker-1", "reason": "r"}
-        }))
-        .expect("nm");
+        let nm = maintenance_of_worker_1();
         let began = Instant::now();
         let warnings = caches.warnings(&nm).await;
         let took = began.elapsed();
@@ -420,10 +425,7 @@ pub(crate) mod tests {
             &Readiness::default(),
             &metrics,
         );
-        let nm: NodeMaintenance = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "nm-1"}, "spec": {"nodeName": "worker-1", "reason": "r"}
-        }))
-        .expect("nm");
+        let nm = maintenance_of_worker_1();
         let warnings = caches.warnings(&nm).await;
         assert!(
             warnings[0].starts_with(
