@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 CRD_FILE := manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml
 
-.PHONY: help setup check-setup build test unit-test integration-test lint fmt crds cluster-up cluster-down companions deploy-local undeploy-local demo bench bench-scale test-arm64 images bundle check-bundle release
+.PHONY: help setup check-setup build test unit-test integration-test lint fmt crds cluster-up cluster-down companions real-node real-node-test deploy-local undeploy-local demo bench bench-scale test-arm64 images bundle check-bundle release
 
 help: ## Show the targets and what they do
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,8 +48,14 @@ cluster-up: setup ## Build (cached) and start the local control plane; kubeconfi
 companions: setup ## cert-manager, kube-state-metrics and Prometheus from their Go modules (cached), started against the local plane; Prometheus' URL in .cluster/prometheus.url
 	bash tests/companions/up.sh
 
-cluster-down: ## Stop every process of the local control plane (and the companions)
+cluster-down: ## Stop every process of the local control plane (the real node and the companions too); checks the real node left nothing running, mounted or in a cgroup
 	bash tests/cluster/down.sh
+
+real-node: setup cluster-up ## One real node, real-1, joined to the local plane: containerd, the kubelet and kube-proxy (built from Go modules, cached) in namespaces of its own; our images imported (root)
+	bash tests/node/up.sh
+
+real-node-test: setup cluster-up ## The real-node stage of make test: manifests/base rolled out on real-1 by its kubelet, a maintenance through the webhook pod, two controllers, memory beside the limits, then everything removed
+	bash tests/node/stage.sh
 
 deploy-local: setup ## Build the images and run webhook + controller from them, with manifests/base's arguments, against the local cluster
 	bash tests/deploy/deploy-local.sh

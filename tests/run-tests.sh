@@ -198,4 +198,11 @@ cargo test -p nmo-tests --test integration -- --ignored --test-threads=1 restart
 echo "== cleanup: what the tests left on the plane (tests/cluster/sweep.sh)"
 # The plane keeps running for the next run (make cluster-down stops it).
 bash tests/cluster/sweep.sh "$before_nms" || rc=$?
+
+echo "== real node: the base install run by a real kubelet and containerd (tests/node/stage.sh, make real-node-test)"
+# Last: it adds a Node (real-1) the other suites would count, installs
+# manifests/base as rendered (its webhook judges every NodeMaintenance while
+# installed) and uninstalls it, then removes the node and checks that nothing
+# is left running, mounted or in a cgroup.
+bash tests/node/stage.sh || rc=$?
 exit "$rc"

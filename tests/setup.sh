@@ -47,6 +47,13 @@ REQS=(
   "apt|make|make|the Makefile"
   "apt|git|git|image labels and reproducible timestamps from the commit"
   "apt|ca-certificates|/etc/ssl/certs/ca-certificates.crt|TLS to crates.io and the Go module proxy"
+  "apt|containerd|containerd|the real node's container runtime (make real-node; its ctr imports our images)"
+  "apt|runc|runc|the real node's OCI runtime, under containerd"
+  "apt|containernetworking-plugins|/usr/lib/cni/bridge|the real node's pod network (bridge, host-local, loopback)"
+  "apt|iptables|iptables|kube-proxy's Service rules inside the real node's network namespace"
+  "apt|conntrack|conntrack|kube-proxy clears stale Service connections with it"
+  "apt|iproute2|ip|the real node's network namespace: its address and routes"
+  "apt|socat|socat|joins the real node to the plane's API server through a unix socket"
 )
 
 field() { local IFS='|'; read -r -a f <<<"$1"; printf '%s' "${f[$2]}"; }

@@ -23,6 +23,8 @@ flock 9
 
 # shellcheck source=run-logged.sh
 source "$here/run-logged.sh"
+# shellcheck source=k8s-module.sh
+source "$here/k8s-module.sh"
 
 # ---- Kubernetes: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 k8s_dir="$cache/kubernetes-$K8S_VERSION"
@@ -38,37 +40,7 @@ if k8s_ok; then
   log "kubernetes $K8S_VERSION: cached in $k8s_dir/bin"
 else
   log "kubernetes $K8S_VERSION: cold build of ${k8s_bins[*]} (several minutes on 2 cores)"
-  mkdir -p "$k8s_dir/src" "$k8s_dir/bin"
-  minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-  staging_version="v0.${K8S_VERSION#v1.}"
-  staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go
-    cloud-provider cluster-bootstrap code-generator component-base component-helpers
-    controller-manager cri-api cri-client csi-translation-lib dynamic-resource-allocation
-    endpointslice externaljwt kms kube-aggregator kube-controller-manager kube-proxy
-    kube-scheduler kubectl kubelet metrics mount-utils pod-security-admission
-    sample-apiserver sample-cli-plugin sample-controller)
-  # Copy kubernetes' own go and godebug lines from its published go.mod.
-  modfile="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$K8S_VERSION.mod"
-  if [ ! -f "$modfile" ]; then
-    (cd "$k8s_dir/src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null) ||
-      die "could not fetch k8s.io/kubernetes@$K8S_VERSION from the Go module proxy"
-  fi
-  {
-    echo "module nmo-rs/controlplane-build"
-    grep -E '^(go|godebug) ' "$modfile"
-    echo "require k8s.io/kubernetes $K8S_VERSION"
-    for s in "${staging[@]}"; do echo "replace k8s.io/$s => k8s.io/$s $staging_version"; done
-  } >"$k8s_dir/src/go.mod"
-  echo 'package main' >"$k8s_dir/src/main.go"
-  ldflags=""
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
-    ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
-  done
-  pkgs=(); for b in "${k8s_bins[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
-  (cd "$k8s_dir/src" &&
-    run_logged "kubernetes $K8S_VERSION" "$k8s_dir/build.log" \
-      go build -mod=mod -trimpath -ldflags "$ldflags" -o "$k8s_dir/bin/" "${pkgs[@]}")
+  k8s_build "$k8s_dir" "${k8s_bins[@]}"
   k8s_ok || die "kubernetes binaries in $k8s_dir/bin do not report $K8S_VERSION"
 fi
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Stops the local control plane started by tests/cluster/up.sh, and the companions
+# Stops the local control plane started by tests/cluster/up.sh, the real node of
+# tests/node/up.sh (its own down.sh, first) and the companions
 # of tests/companions/up.sh (cert-manager, Prometheus): every component by
 # its recorded pid (TERM, then KILL after STOP_TIMEOUT seconds, default 15), plus
 # any component process whose pid file was lost but whose command line points into
@@ -18,6 +19,11 @@ if [ -d "$CLUSTER_DIR" ]; then
   flock 9
 fi
 
+# The real node first (tests/node/down.sh): it removes its Node while the
+# API server still answers, and checks it left nothing behind.
+node_rc=0
+bash "$CLUSTER_LIB_DIR/../node/down.sh" || node_rc=$?
+
 stop_all
 
 left="$(for c in "${COMPONENTS[@]}" "${COMPANIONS[@]}"; do stray_pids "$c"; done)"
@@ -27,3 +33,4 @@ if [ -d "$CLUSTER_DIR" ]; then
   wipe_state
 fi
 log "control plane stopped; state removed (logs kept in $LOGS)"
+[ "$node_rc" -eq 0 ] || die "the real node left something behind (message above)"

@@ -22,6 +22,8 @@ PIDS="$CLUSTER_DIR/pids"
 LOGS="$CLUSTER_DIR/logs"
 KUBECONFIG_ADMIN="$CLUSTER_DIR/kubeconfig"
 STATE_FILE="$CLUSTER_DIR/state.env"
+# The API server's "cluster" egress (up.sh): served by the real node (tests/node).
+EGRESS_SOCKET="$CLUSTER_DIR/sockets/egress.sock"
 
 # Start order; down.sh stops in the reverse order so clients go before the API
 # server and the API server before etcd (no noisy reconnect loops in the logs).
@@ -333,4 +335,49 @@ wait_nodes_ready() {
     fi
     sleep 0.5
   done
+}
+
+# ---- identities (up.sh for the plane, tests/node/up.sh for the real node)
+
+# issue NAME SUBJECT USAGE [SAN]: an EC P-256 key and a certificate signed by our CA.
+issue() {
+  local name=$1 subj=$2 usage=$3 san=${4:-}
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$PKI/$name.key" 2>/dev/null
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr"
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature"
+    echo "extendedKeyUsage=$usage"
+    [ -z "$san" ] || echo "subjectAltName=$san"
+  } >"$PKI/$name.ext"
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
+    -set_serial "0x$(openssl rand -hex 16)" -days 3650 -sha256 \
+    -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+# write_kubeconfig FILE CERT_NAME
+write_kubeconfig() {
+  local file=$1 name=$2
+  cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nmo-rs
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority-data: $(base64 -w0 <"$PKI/ca.crt")
+users:
+- name: $name
+  user:
+    client-certificate-data: $(base64 -w0 <"$PKI/$name.crt")
+    client-key-data: $(base64 -w0 <"$PKI/$name.key")
+contexts:
+- name: nmo-rs
+  context:
+    cluster: nmo-rs
+    user: $name
+current-context: nmo-rs
+EOF
+  chmod 600 "$file"
 }

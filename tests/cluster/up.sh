@@ -103,14 +103,46 @@ APISERVER_AUDIT_FLAGS=(
   --audit-log-maxbackup=3
   --enable-admission-plugins=OwnerReferencesPermissionEnforcement
 )
-# audit_config_current: the running API server got every flag above and read the
-# policy that tests/cluster/audit-policy.yaml is now.
+# ---- the real node's way in (tests/node/up.sh, make real-node)
+# The API server reaches a node's kubelet (logs, exec) and a webhook named by
+# its Service (clientConfig.service: the Service's ClusterIP) through the
+# "cluster" egress: an HTTP CONNECT proxy on a unix socket, served from inside
+# the real node's network namespace, where those addresses exist. Nothing
+# here dials a pod, node or Service address from the machine's own network
+# namespace; with no real node up, such calls fail at the socket. Webhooks
+# given by URL (the tests' 127.0.0.1 ones) are "controlplane" traffic: direct.
+EGRESS_CONFIG="$CLUSTER_DIR/egress-selector.yaml"
+APISERVER_NODE_FLAGS=(
+  --egress-selector-config-file="$EGRESS_CONFIG"
+  --kubelet-client-certificate="$PKI/kube-apiserver-kubelet-client.crt"
+  --kubelet-client-key="$PKI/kube-apiserver-kubelet-client.key"
+  # The node's address, not its name: nothing resolves real-1.
+  --kubelet-preferred-address-types=InternalIP
+)
+write_egress_config() {
+  mkdir -p "$(dirname "$EGRESS_SOCKET")"
+  cat >"$EGRESS_CONFIG" <<EOF
+apiVersion: apiserver.k8s.io/v1beta1
+kind: EgressSelectorConfiguration
+egressSelections:
+- name: cluster
+  connection:
+    proxyProtocol: HTTPConnect
+    transport:
+      uds:
+        udsName: $EGRESS_SOCKET
+EOF
+}
+
+# audit_config_current: the running API server got every flag above (audit
+# and the real node's) and read the policy that tests/cluster/audit-policy.yaml is now.
 audit_config_current() {
   local cmd f
   cmd="$(cat "$PIDS/kube-apiserver.cmd" 2>/dev/null)" || return 1
-  for f in "${APISERVER_AUDIT_FLAGS[@]}"; do
+  for f in "${APISERVER_AUDIT_FLAGS[@]}" "${APISERVER_NODE_FLAGS[@]}"; do
     [[ " $cmd " == *" $(printf '%q' "$f") "* ]] || return 1
   done
+  [ -f "$EGRESS_CONFIG" ] || return 1
   cmp -s "$CLUSTER_LIB_DIR/audit-policy.yaml" "$AUDIT_POLICY"
 }
 # install_audit_policy: the API server reads its own copy, so editing the
@@ -168,7 +200,7 @@ plane_healthy() {
     return 1
   }
   audit_config_current || {
-    log "API server of the previous plane lacks the audit log flags or policy of this up.sh; replacing the plane"
+    log "API server of the previous plane lacks the audit log or real-node flags or policy of this up.sh; replacing the plane"
     return 1
   }
   [ "${STATE_PROFILE:-default}" = "$PLANE_PROFILE" ] || {
@@ -192,23 +224,6 @@ pick_port() {
   printf -v "$var" '%s' "$p"
 }
 
-# issue NAME SUBJECT USAGE [SAN]: an EC P-256 key and a certificate signed by our CA.
-issue() {
-  local name=$1 subj=$2 usage=$3 san=${4:-}
-  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$PKI/$name.key" 2>/dev/null
-  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr"
-  {
-    echo "basicConstraints=critical,CA:FALSE"
-    echo "keyUsage=critical,digitalSignature"
-    echo "extendedKeyUsage=$usage"
-    [ -z "$san" ] || echo "subjectAltName=$san"
-  } >"$PKI/$name.ext"
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
-    -set_serial "0x$(openssl rand -hex 16)" -days 3650 -sha256 \
-    -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
-  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
-}
-
 gen_pki() {
   mkdir -p "$PKI"
   chmod 700 "$PKI"
@@ -228,33 +243,10 @@ gen_pki() {
   issue kube-controller-manager "/CN=system:kube-controller-manager" clientAuth
   issue kube-scheduler "/CN=system:kube-scheduler" clientAuth
   issue kwok "/O=system:masters/CN=kwok-controller" clientAuth
+  # The API server's identity towards kubelets (logs, exec, port-forward): the
+  # real node's kubelet authorizes it by SubjectAccessReview.
+  issue kube-apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
   chmod 600 "$PKI"/*.key
-}
-
-# write_kubeconfig FILE CERT_NAME
-write_kubeconfig() {
-  local file=$1 name=$2
-  cat >"$file" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: nmo-rs
-  cluster:
-    server: https://127.0.0.1:$API_PORT
-    certificate-authority-data: $(base64 -w0 <"$PKI/ca.crt")
-users:
-- name: $name
-  user:
-    client-certificate-data: $(base64 -w0 <"$PKI/$name.crt")
-    client-key-data: $(base64 -w0 <"$PKI/$name.key")
-contexts:
-- name: nmo-rs
-  context:
-    cluster: nmo-rs
-    user: $name
-current-context: nmo-rs
-EOF
-  chmod 600 "$file"
 }
 
 starting=0
@@ -310,12 +302,14 @@ fresh_start() {
   # --advertise-address: with a loopback bind address the API server would
   # otherwise look for a host interface (and fail where there is no default route).
   # --endpoint-reconciler-type=none: Endpoints may not hold loopback addresses, so
-  # the reconciler of the 'kubernetes' Service would only log errors; nothing here
-  # reaches the API server through that Service.
+  # the reconciler of the 'kubernetes' Service would only log errors. The real
+  # node (tests/node/up.sh) writes the Service's EndpointSlice itself: its
+  # address in the node's network namespace, bridged to this API server.
   # Default admission plugins stay on (ServiceAccount, NamespaceLifecycle, ...);
   # audit log and OwnerReferencesPermissionEnforcement: APISERVER_AUDIT_FLAGS.
   install_audit_policy
   write_hosts
+  write_egress_config
   start_component kube-apiserver "${APISERVER_WRAP[@]}" "$BIN/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
@@ -328,7 +322,7 @@ fresh_start() {
     --service-account-key-file="$PKI/sa.pub" \
     --service-account-signing-key-file="$PKI/sa.key" \
     --endpoint-reconciler-type=none \
-    "${APISERVER_AUDIT_FLAGS[@]}"
+    "${APISERVER_AUDIT_FLAGS[@]}" "${APISERVER_NODE_FLAGS[@]}"
   wait_healthy kube-apiserver apiserver_ready
 
   # No --authentication/--authorization-kubeconfig for the controller manager and

@@ -73,8 +73,12 @@ build_all() {
   if [ -n "${NMO_DEPLOY_SKIP_IMAGES:-}" ]; then
     log "NMO_DEPLOY_SKIP_IMAGES set: running target/images as they are (not rebuilt)"
   else
-    log "building the images (make images: bash tests/release/images.sh)"
-    bash "$REPO_ROOT/tests/release/images.sh" >/dev/null ||
+    # Only this machine's platform: the services run here (make images
+    # and make test build every platform).
+    local host
+    case "$(uname -m)" in x86_64) host=linux/amd64 ;; aarch64 | arm64) host=linux/arm64 ;; *) host="linux/$(uname -m)" ;; esac
+    log "building the images for $host (make images: bash tests/release/images.sh, with IMAGE_PLATFORMS=$host)"
+    IMAGE_PLATFORMS="${IMAGE_PLATFORMS:-$host}" bash "$REPO_ROOT/tests/release/images.sh" >/dev/null ||
       die "make images (bash tests/release/images.sh) failed (see above); NMO_DEPLOY_SKIP_IMAGES=1 runs the images already in $TARGET_DIR/images"
   fi
   local svc

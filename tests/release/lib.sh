@@ -5,8 +5,18 @@ RELEASE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$RELEASE_DIR/../.." && pwd)"
 # The images' platforms (one image index per service, one image per platform)
 # and the Rust target that builds each platform's static binaries.
-PLATFORMS=(linux/amd64 linux/arm64)
+# IMAGE_PLATFORMS (space-separated) narrows them for a local run: make demo
+# and deploy-local build only this machine's (the arm64 half is about 5 min
+# cold); make images, make test and make release build both.
 declare -A RUST_TARGET_OF=([linux/amd64]=x86_64-unknown-linux-musl [linux/arm64]=aarch64-unknown-linux-musl)
+read -r -a PLATFORMS <<<"${IMAGE_PLATFORMS:-linux/amd64 linux/arm64}"
+for _p in "${PLATFORMS[@]}"; do
+  [ -n "${RUST_TARGET_OF[$_p]:-}" ] || {
+    printf 'IMAGE_PLATFORMS names %s; the images are built for linux/amd64 and linux/arm64 only\n' "$_p" >&2
+    exit 1
+  }
+done
+unset _p
 # What `file` says of each platform's binaries.
 declare -A FILE_ARCH_OF=([linux/amd64]=x86-64 [linux/arm64]="ARM aarch64")
 # Cargo's output directory (CARGO_TARGET_DIR is honoured).
