@@ -97,8 +97,9 @@ rc=$arm64_rc
 cargo test -p nmo-tests --no-fail-fast --lib -- --test-threads="${NMO_TEST_THREADS:-4}" || rc=$?
 # The companions' suites print what they measured: their own stage below.
 companion_suites="cert_manager prometheus"
-# Suite arm64 (all #[ignore]d) runs the linux/arm64 images: a stage of its own.
-own_stage_suites="$companion_suites arm64"
+# Suite arm64 (all #[ignore]d) runs the linux/arm64 images: a stage of its own;
+# so does real_node (all #[ignore]d), in tests/node/stage.sh at the end.
+own_stage_suites="$companion_suites arm64 real_node"
 if all_suites="$(suites)" && [ -n "$all_suites" ]; then
   # shellcheck disable=SC2046 # one word a suite
   run_suites $(grep -vxF -f <(tr ' ' '\n' <<<"$own_stage_suites") <<<"$all_suites") || rc=$?

@@ -14,7 +14,11 @@
 #      and after, beside the manifests' limits; no pod restarted
 #   (2 also reads from the kernel what each pod's process runs with: user,
 #   seccomp, no_new_privs, capabilities, read-only root, memory limit)
-#   6. uninstall, remove the node, and check nothing is left running or mounted
+#   6. suite real_node (tests/tests/integration/real_node.rs): the webhook's
+#      rolling upgrade under a stream of creates (0 failed admissions), the
+#      controller's while a PodDisruptionBudget holds a drain, and its leading
+#      pod deleted mid-drain: the next leader finishes, nothing done twice
+#   7. uninstall, remove the node, and check nothing is left running or mounted
 # Prints one line per check; exit 1 at the first that fails, with what was seen.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -169,7 +173,15 @@ restarts="$(kc -n nmo-system get pods -o jsonpath='{range .items[*]}{.status.con
 [ "$restarts" = "0 " ] || die "a pod restarted: $(kc -n nmo-system get pods -o wide)"
 say "   restarts: none"
 
-say "6. uninstall, remove the node, nothing left"
+say "6. rolling upgrades and a deleted leader, under load (suite real_node, one test at a time)"
+# The webhook's rolling upgrade under a stream of creates (failed admissions
+# counted, none allowed); the controller's, while a PodDisruptionBudget holds
+# a drain, then its leading pod deleted while another is held: the next
+# leader finishes each, each event once.
+(cd "$REPO_ROOT" && cargo test -q -p nmo-tests --test integration -- --ignored --test-threads=1 --nocapture real_node::) ||
+  die "suite real_node failed (its output above)"
+
+say "7. uninstall, remove the node, nothing left"
 bash "$here/install.sh" --uninstall
 bash "$here/down.sh"
 say "real node stage passed in $((SECONDS - t0)) s"

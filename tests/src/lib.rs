@@ -3,6 +3,7 @@
 //! manifests applied as the cluster admin, and the operator's own processes
 //! run under their ServiceAccounts so RBAC is exercised for real.
 
+pub mod admission_stream;
 pub mod companions;
 pub mod controller_env;
 pub mod deployment;
@@ -12,6 +13,7 @@ pub mod manifests;
 pub mod olm;
 pub mod plane;
 pub mod process;
+pub mod real_node;
 pub mod scrape;
 pub mod wait;
 pub mod webhook_pod;

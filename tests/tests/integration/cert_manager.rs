@@ -19,13 +19,14 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
+use nmo_tests::admission_stream::Stream;
 use nmo_tests::companions::{self, wait_certificate};
 use nmo_tests::deployment::Launch;
 use nmo_tests::fixtures::{GROUP_KEY, TestBed};
@@ -94,66 +95,6 @@ fn webhook_configuration(port: u16, group: &str) -> (Value, String) {
     }]);
     vwc["metadata"]["labels"][GROUP_KEY] = json!(group);
     (vwc, host)
-}
-
-/// Dry-run creates through the API server, back to back, until `stop`;
-/// every answer but success counts as a failed admission.
-struct Stream {
-    ok: Arc<AtomicU64>,
-    /// Each failed admission: ms into the stream, and the API server's answer.
-    failed: Arc<std::sync::Mutex<Vec<(u128, String)>>>,
-}
-
-impl Stream {
-    fn start(client: Client, group: String, node: String, stop: Arc<AtomicBool>) -> Stream {
-        let ok = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (o, f) = (ok.clone(), failed.clone());
-        let t0 = Instant::now();
-        tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                i += 1;
-                let nm = test_nm(&format!("{group}-load-{i}"), &node);
-                match create_with_warnings(&client, &nm, true).await {
-                    Ok(_) => {
-                        o.fetch_add(1, Ordering::SeqCst);
-                    }
-                    Err((code, m)) => {
-                        if let Ok(mut v) = f.lock() {
-                            v.push((t0.elapsed().as_millis(), format!("{code}: {m}")));
-                        }
-                    }
-                }
-            }
-        });
-        Stream { ok, failed }
-    }
-
-    fn counts(&self) -> (u64, Vec<(u128, String)>) {
-        let failed = self.failed.lock().map(|v| v.clone()).unwrap_or_default();
-        (self.ok.load(Ordering::SeqCst), failed)
-    }
-
-    /// Wait until `n` more creates went through.
-    async fn wait_more(&self, n: u64) {
-        let start = self.ok.load(Ordering::SeqCst);
-        until(&format!("{n} more admitted creates"), LONG, || async {
-            let (ok, failed) = self.counts();
-            Ok(if ok >= start + n {
-                Poll::Ready(())
-            } else {
-                Poll::Pending(format!(
-                    "{} admitted, {} failed: {:?}",
-                    ok - start,
-                    failed.len(),
-                    failed.last()
-                ))
-            })
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    }
 }
 
 async fn injected_ca(client: &Client, name: &str) -> Option<String> {
@@ -267,7 +208,10 @@ async fn renew_under_load(
     .await
     .unwrap_or_else(|e| panic!("{e:#}"));
     let took = t0.elapsed();
-    stream.wait_more(100).await;
+    stream
+        .wait_more(100, LONG)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let (_, after) = stream.counts();
     (took, after.len() - before.len())
 }
@@ -396,8 +340,11 @@ async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admissio
     );
 
     // 5. Renewals by cert-manager under a stream of creates.
-    let stream = Stream::start(client.clone(), g.clone(), node.clone(), stop.clone());
-    stream.wait_more(100).await;
+    let stream = Stream::start(client.clone(), g.clone(), node.clone());
+    stream
+        .wait_more(100, LONG)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let (took, leaf_failed) = renew_under_load(
         &client,
         &stream,
@@ -434,6 +381,7 @@ async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admissio
         );
     }
     stop.store(true, Ordering::SeqCst);
+    stream.stop();
     let (ok, failed) = stream.counts();
     let at = |f: Option<&(u128, String)>| f.map_or("-".to_string(), |(ms, _)| ms.to_string());
     eprintln!(

@@ -32,6 +32,7 @@ mod lease;
 mod metrics_auth;
 mod node_signals;
 mod prometheus;
+mod real_node;
 mod refused_writes;
 mod restarts;
 mod resume;
