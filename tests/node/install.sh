@@ -5,6 +5,8 @@
 #
 #   tests/node/install.sh base        manifests/base; the serving Secret and the
 #                                     caBundle made as manifests/README.md says
+#   tests/node/install.sh cert-manager  manifests/overlays/cert-manager; the real
+#                                     cert-manager (make companions) issues and injects
 #   tests/node/install.sh --uninstall everything the install made, the CRD last
 #                                     (no NodeMaintenance may be left)
 #
@@ -50,6 +52,31 @@ install_base() {
   rollout
 }
 
+# install_cert_manager: manifests/overlays/cert-manager as rendered; the real
+# cert-manager (make companions) issues the CA and the serving certificate,
+# cainjector fills the caBundle, the kubelet projects the Secret.
+install_cert_manager() {
+  node_init_pid >/dev/null || die "the real node is not running: make real-node"
+  pid_of cert-manager-controller >/dev/null && pid_of cert-manager-cainjector >/dev/null ||
+    die "cert-manager is not running on the plane: make companions (or bash tests/companions/up.sh cert-manager)"
+  mkdir -p "$out"
+  kc kustomize "$here/install/cert-manager" >"$out/rendered.yaml"
+  log "applying manifests/overlays/cert-manager as rendered (+ tests/node/local-images): $(grep -c '^kind:' "$out/rendered.yaml") objects"
+  kc apply --server-side -f "$out/rendered.yaml" >/dev/null
+  local c
+  for c in nmo-webhook-ca nmo-webhook-cert nmo-metrics-cert; do
+    kc -n nmo-system wait --for=condition=Ready "certificate/$c" --timeout=120s >/dev/null ||
+      die "cert-manager did not issue Certificate nmo-system/$c within 120 s: $(kc -n nmo-system describe certificate "$c" 2>&1 | tail -20)"
+  done
+  local deadline=$((SECONDS + 60))
+  until [ -n "$(kc get validatingwebhookconfiguration nmo-validating-webhook -o jsonpath='{.webhooks[0].clientConfig.caBundle}')" ]; do
+    [ "$SECONDS" -lt "$deadline" ] || die "cainjector did not fill the caBundle of nmo-validating-webhook within 60 s"
+    sleep 0.5
+  done
+  log "issued: nmo-webhook-ca, nmo-webhook-cert, nmo-metrics-cert; caBundle injected"
+  rollout
+}
+
 rollout() {
   local d
   for d in nmo-webhook nmo-controller; do
@@ -65,6 +92,7 @@ rollout() {
 
 case "${1:-}" in
   base) install_base ;;
+  cert-manager) install_cert_manager ;;
   --uninstall) uninstall ;;
-  *) die "usage: tests/node/install.sh base | --uninstall" ;;
+  *) die "usage: tests/node/install.sh base | cert-manager | --uninstall" ;;
 esac

@@ -18,7 +18,12 @@
 #      rolling upgrade under a stream of creates (0 failed admissions), the
 #      controller's while a PodDisruptionBudget holds a drain, and its leading
 #      pod deleted mid-drain: the next leader finishes, nothing done twice
-#   7. uninstall, remove the node, and check nothing is left running or mounted
+#   7. manifests/overlays/cert-manager on the node with the real cert-manager
+#      (make companions): a leaf renewal, then a CA renewal and the leaf's,
+#      under a stream of creates: failed admissions (none allowed) and the
+#      time until both webhook pods serve the new certificate, the Secret
+#      projected by the kubelet
+#   8. uninstall, remove the node, and check nothing is left running or mounted
 # Prints one line per check; exit 1 at the first that fails, with what was seen.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -178,10 +183,17 @@ say "6. rolling upgrades and a deleted leader, under load (suite real_node, one 
 # counted, none allowed); the controller's, while a PodDisruptionBudget holds
 # a drain, then its leading pod deleted while another is held: the next
 # leader finishes each, each event once.
-(cd "$REPO_ROOT" && cargo test -q -p nmo-tests --test integration -- --ignored --test-threads=1 --nocapture real_node::) ||
-  die "suite real_node failed (its output above)"
-
-say "7. uninstall, remove the node, nothing left"
+(cd "$REPO_ROOT" && cargo test -q -p nmo-tests --test integration -- --ignored --test-threads=1 --nocapture \
+  real_node:: --skip real_node::cert_manager) || die "suite real_node failed (its output above)"
 bash "$here/install.sh" --uninstall
+
+say "7. the cert-manager install: the real cert-manager issues, the kubelet projects, renewals under load"
+bash "$REPO_ROOT/tests/companions/up.sh" cert-manager
+bash "$here/install.sh" cert-manager
+(cd "$REPO_ROOT" && cargo test -q -p nmo-tests --test integration -- --ignored --exact --nocapture \
+  real_node::cert_manager_renewals_refuse_no_admission) || die "the renewals on the real node failed (output above)"
+bash "$here/install.sh" --uninstall
+
+say "8. remove the node, nothing left"
 bash "$here/down.sh"
 say "real node stage passed in $((SECONDS - t0)) s"

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
@@ -100,6 +101,66 @@ pub async fn renew(client: &Client, ns: &str, name: &str) -> anyhow::Result<()> 
         .await
         .with_context(|| format!("marking Certificate {ns}/{name} for renewal"))?;
     Ok(())
+}
+
+/// The caBundle of the first webhook of configuration `name`, when set.
+pub async fn injected_ca(client: &Client, name: &str) -> Option<String> {
+    let vwc = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get(name)
+        .await
+        .ok()?;
+    let bundle = vwc.webhooks?.into_iter().next()?.client_config.ca_bundle?;
+    Some(String::from_utf8_lossy(&bundle.0).to_string()).filter(|s| !s.is_empty())
+}
+
+/// One key of Secret `ns/name`, as text.
+pub async fn secret_value(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    key: &str,
+) -> anyhow::Result<String> {
+    let s = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .with_context(|| format!("reading Secret {ns}/{name}"))?;
+    s.data
+        .and_then(|d| {
+            d.get(key)
+                .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        })
+        .with_context(|| format!("Secret {ns}/{name} has no {key}"))
+}
+
+/// Wait until cainjector's caBundle in `vwc` holds the `ca.crt` of Secret
+/// `ns/secret`; returns the bundle. cainjector may keep the previous CA next
+/// to the new one through a rotation: the bundle must hold the current one.
+pub async fn wait_injected(
+    client: &Client,
+    ns: &str,
+    vwc: &str,
+    secret: &str,
+    deadline: Duration,
+) -> anyhow::Result<String> {
+    until(
+        &format!("cainjector to put Secret {ns}/{secret}'s ca.crt in {vwc}'s caBundle"),
+        deadline,
+        || async {
+            let ca = secret_value(client, ns, secret, "ca.crt")
+                .await
+                .unwrap_or_default();
+            let got = injected_ca(client, vwc).await;
+            Ok(match got {
+                Some(b) if !ca.trim().is_empty() && b.contains(ca.trim()) => Poll::Ready(b),
+                other => Poll::Pending(format!(
+                    "caBundle {} bytes, ca.crt {} bytes",
+                    other.map_or(0, |b| b.len()),
+                    ca.len()
+                )),
+            })
+        },
+    )
+    .await
 }
 
 /// The objects of kind `kind` of the rendered `manifests/<dir>`.

@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 use nmo_tests::admission_stream::Stream;
@@ -97,60 +96,6 @@ fn webhook_configuration(port: u16, group: &str) -> (Value, String) {
     (vwc, host)
 }
 
-async fn injected_ca(client: &Client, name: &str) -> Option<String> {
-    let vwc = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .get(name)
-        .await
-        .ok()?;
-    let bundle = vwc.webhooks?.into_iter().next()?.client_config.ca_bundle?;
-    Some(String::from_utf8_lossy(&bundle.0).to_string()).filter(|s| !s.is_empty())
-}
-
-/// Wait until cainjector's caBundle holds the `ca.crt` of Secret `secret`.
-async fn wait_injected(client: &Client, vwc: &str, secret: &str) -> String {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
-    until(
-        &format!("cainjector to put Secret {NS}/{secret}'s ca.crt in {vwc}'s caBundle"),
-        LONG,
-        || async {
-            let s = secrets.get(secret).await?;
-            let ca = s
-                .data
-                .and_then(|d| {
-                    d.get("ca.crt")
-                        .map(|b| String::from_utf8_lossy(&b.0).to_string())
-                })
-                .unwrap_or_default();
-            let got = injected_ca(client, vwc).await;
-            // cainjector may keep the previous CA next to the new one
-            // through a rotation: the bundle must hold the current CA.
-            Ok(match got {
-                Some(b) if !ca.trim().is_empty() && b.contains(ca.trim()) => Poll::Ready(b),
-                other => Poll::Pending(format!(
-                    "caBundle {} bytes, ca.crt {} bytes",
-                    other.map_or(0, |b| b.len()),
-                    ca.len()
-                )),
-            })
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-async fn serving_cert(client: &Client, secret: &str) -> String {
-    let s = Api::<Secret>::namespaced(client.clone(), NS)
-        .get(secret)
-        .await
-        .expect("serving Secret");
-    s.data
-        .and_then(|d| {
-            d.get("tls.crt")
-                .map(|b| String::from_utf8_lossy(&b.0).to_string())
-        })
-        .expect("tls.crt")
-}
-
 /// Renew Certificate `name`, wait for the new revision to be issued and
 /// served, and for `more` creates after it; returns the failed admissions.
 #[allow(clippy::too_many_arguments)]
@@ -189,8 +134,12 @@ async fn renew_under_load(
             .await
             .expect("leaf renewed");
     }
-    let want = serving_cert(client, serving_secret).await;
-    let ca = wait_injected(client, vwc, serving_secret).await;
+    let want = companions::secret_value(client, NS, serving_secret, "tls.crt")
+        .await
+        .expect("serving Secret's tls.crt");
+    let ca = companions::wait_injected(client, NS, vwc, serving_secret, LONG)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
     // The webhook serves the new certificate, and it verifies against the caBundle.
     let want_der = nmo_webhook_client::pem_to_der(&want);
     until(
@@ -307,7 +256,9 @@ async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admissio
     )
     .await
     .expect("webhook configuration applied");
-    let ca = wait_injected(&client, &vwc_name, &secret).await;
+    let ca = companions::wait_injected(&client, NS, &vwc_name, &secret, LONG)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
 
     // 4. The handshake the API server makes: server name, injected CA.
     let c = ReviewClient::connect(tls_addr, &host, tls_config(ca.as_bytes()).expect("CA"))
@@ -373,7 +324,9 @@ async fn overlay_is_issued_injected_served_and_renewed_without_a_failed_admissio
         )
         .await;
         ca_failed = n;
-        let bundle = injected_ca(&client, &vwc_name).await.unwrap_or_default();
+        let bundle = companions::injected_ca(&client, &vwc_name)
+            .await
+            .unwrap_or_default();
         eprintln!(
             "CA renewal ({}), then the leaf: new leaf served {took:?} after; caBundle holds {} CA certificate(s); failed admissions: {n}",
             name_of(ca_cert),

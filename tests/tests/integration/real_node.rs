@@ -8,7 +8,10 @@
 //! Every test is `#[ignore]`d: tests/node/stage.sh (the last stage of make
 //! test, `make real-node-test`) installs the base on the node and runs them
 //! one at a time; they change the shared install (its Deployments' versions,
-//! its replicas, its leader).
+//! its replicas, its leader). `cert_manager_renewals_refuse_no_admission`
+//! runs on its own after the stage installed manifests/overlays/cert-manager
+//! instead (`tests/node/install.sh cert-manager`, the real cert-manager of
+//! make companions).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -20,6 +23,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nmo_tests::admission_stream::Stream;
+use nmo_tests::companions;
 use nmo_tests::fixtures::TestBed;
 use nmo_tests::real_node;
 use nmo_tests::wait::{Poll, until};
@@ -343,5 +347,117 @@ async fn controller_hand_over_finishes_a_held_drain_once() -> anyhow::Result<()>
         restarts(&client, "controller").await?
     );
     finish(&bed, &[&nm1, &nm2]).await;
+    Ok(())
+}
+
+/// The certificate each webhook pod serves (DER), by pod: dialed at the
+/// pod's address from inside the node, verified against `ca` for the
+/// Service's name, as the API server dials and verifies it.
+async fn served_by_pods(client: &Client, ca: &str) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
+    let tls = nmo_webhook_client::tls_config(ca.as_bytes())?;
+    let lp = ListParams::default().labels("app.kubernetes.io/component=webhook");
+    let mut out = BTreeMap::new();
+    for p in Api::<Pod>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        let (Some(name), Some(ip)) = (p.metadata.name, p.status.and_then(|s| s.pod_ip)) else {
+            continue;
+        };
+        let addr = std::net::SocketAddr::new(ip.parse()?, 9443);
+        let cert = real_node::served_certificate(addr, SERVICE_NAME, tls.clone()).await?;
+        out.insert(name, cert);
+    }
+    Ok(out)
+}
+
+const SERVICE_NAME: &str = "nmo-webhook-service.nmo-system.svc";
+
+/// Renew `certs` in order (as `cmctl renew`), then wait until every webhook
+/// pod serves the Secret's new certificate, verified against the injected
+/// caBundle. Returns the time from the first renewal to the last pod serving.
+async fn renew_and_serve(client: &Client, certs: &[&str]) -> anyhow::Result<Duration> {
+    let api = companions::certificates(client, NS);
+    let t0 = Instant::now();
+    for c in certs {
+        let rev = api.get(c).await?.data["status"]["revision"]
+            .as_i64()
+            .unwrap_or(0);
+        companions::renew(client, NS, c).await?;
+        companions::wait_certificate(client, NS, c, rev, LONG).await?;
+    }
+    let want = companions::secret_value(client, NS, "nmo-webhook-cert", "tls.crt").await?;
+    let want = nmo_webhook_client::pem_to_der(&want).unwrap_or_default();
+    let ca = companions::wait_injected(
+        client,
+        NS,
+        "nmo-validating-webhook",
+        "nmo-webhook-cert",
+        LONG,
+    )
+    .await?;
+    until(
+        "every webhook pod to serve the renewed certificate",
+        LONG,
+        || async {
+            let served = served_by_pods(client, &ca).await?;
+            let old: Vec<&String> = served
+                .iter()
+                .filter(|(_, c)| **c != want)
+                .map(|(p, _)| p)
+                .collect();
+            Ok(if !served.is_empty() && old.is_empty() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!("still the previous certificate: {old:?}"))
+            })
+        },
+    )
+    .await?;
+    Ok(t0.elapsed())
+}
+
+#[tokio::test]
+#[ignore = "tests/node/stage.sh runs it with manifests/overlays/cert-manager on the real node"]
+async fn cert_manager_renewals_refuse_no_admission() -> anyhow::Result<()> {
+    let client = client().await?;
+    wait_rolled_out(&client, "nmo-webhook").await?;
+    let bed = TestBed::new(client.clone(), "rn-cm").await?;
+    let node = bed
+        .node("w", false)
+        .await?
+        .metadata
+        .name
+        .unwrap_or_default();
+    let stream = Stream::start(client.clone(), bed.group.clone(), node);
+    stream.wait_more(50, LONG).await?;
+    let mut failed_total = 0;
+    for (what, certs) in [
+        ("leaf renewal", &["nmo-webhook-cert"][..]),
+        (
+            "CA renewal, then the leaf's",
+            &["nmo-webhook-ca", "nmo-webhook-cert"][..],
+        ),
+    ] {
+        let (_, before) = stream.counts();
+        let took = renew_and_serve(&client, certs).await?;
+        stream.wait_more(100, LONG).await?;
+        let (ok, after) = stream.counts();
+        let failed = after.len() - before.len();
+        failed_total += failed;
+        println!(
+            "{what}: both webhook pods serve the new certificate {:.1} s after the renewal was asked \
+             (the kubelet projected the Secret); {ok} admitted so far, {failed} failed during it",
+            took.as_secs_f64()
+        );
+    }
+    stream.stop();
+    let (_, failed) = stream.counts();
+    bed.teardown().await;
+    assert_eq!(
+        failed_total, 0,
+        "failed admissions across the renewals: {failed:?}"
+    );
     Ok(())
 }
