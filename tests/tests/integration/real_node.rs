@@ -260,12 +260,11 @@ async fn finish(bed: &TestBed, nms: &[&str]) {
     bed.teardown().await;
 }
 
-#[tokio::test]
-#[ignore = "tests/node/stage.sh runs it with manifests/base on the real node"]
-async fn webhook_rolling_upgrade_refuses_no_admission() -> anyhow::Result<()> {
-    let client = client().await?;
-    wait_rolled_out(&client, "nmo-webhook").await?;
-    let bed = TestBed::new(client.clone(), "rn-up").await?;
+/// Once the webhook has rolled out: a test bed with a kwok node of its own,
+/// and a stream of creates for it already flowing (50 admitted).
+async fn streaming(client: &Client, prefix: &str) -> anyhow::Result<(TestBed, Stream)> {
+    wait_rolled_out(client, "nmo-webhook").await?;
+    let bed = TestBed::new(client.clone(), prefix).await?;
     let node = bed
         .node("w", false)
         .await?
@@ -274,6 +273,14 @@ async fn webhook_rolling_upgrade_refuses_no_admission() -> anyhow::Result<()> {
         .unwrap_or_default();
     let stream = Stream::start(client.clone(), bed.group.clone(), node);
     stream.wait_more(50, LONG).await?;
+    Ok((bed, stream))
+}
+
+#[tokio::test]
+#[ignore = "tests/node/stage.sh runs it with manifests/base on the real node"]
+async fn webhook_rolling_upgrade_refuses_no_admission() -> anyhow::Result<()> {
+    let client = client().await?;
+    let (bed, stream) = streaming(&client, "rn-up").await?;
     let before = pod_names(&client, "webhook").await?;
     let t0 = Instant::now();
     upgrade(&client, "nmo-webhook", &nmo_tests::unique("0.1.0-next")).await?;
@@ -422,16 +429,7 @@ async fn renew_and_serve(client: &Client, certs: &[&str]) -> anyhow::Result<Dura
 #[ignore = "tests/node/stage.sh runs it with manifests/overlays/cert-manager on the real node"]
 async fn cert_manager_renewals_refuse_no_admission() -> anyhow::Result<()> {
     let client = client().await?;
-    wait_rolled_out(&client, "nmo-webhook").await?;
-    let bed = TestBed::new(client.clone(), "rn-cm").await?;
-    let node = bed
-        .node("w", false)
-        .await?
-        .metadata
-        .name
-        .unwrap_or_default();
-    let stream = Stream::start(client.clone(), bed.group.clone(), node);
-    stream.wait_more(50, LONG).await?;
+    let (bed, stream) = streaming(&client, "rn-cm").await?;
     let mut failed_total = 0;
     for (what, certs) in [
         ("leaf renewal", &["nmo-webhook-cert"][..]),
