@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 CRD_FILE := manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml
 
-.PHONY: help setup check-setup build test unit-test integration-test lint fmt crds cluster-up cluster-down companions real-node real-node-test deploy-local undeploy-local demo bench bench-scale test-arm64 images bundle check-bundle release
+.PHONY: help setup check-setup build test unit-test integration-test lint fmt crds cluster-up cluster-down companions real-node real-node-test deploy-local undeploy-local demo demo-real-node bench bench-scale test-arm64 images bundle check-bundle release
 
 help: ## Show the targets and what they do
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -65,6 +65,9 @@ undeploy-local: ## Stop the locally running webhook and controller
 
 demo: setup ## Local cluster + both services + a guided node maintenance
 	bash tests/deploy/demo.sh
+
+demo-real-node: setup ## The same guided maintenance, the services run as pods of manifests/base on the real node real-1 by its kubelet (root)
+	DEMO_ON=real-node bash tests/deploy/demo.sh
 
 bench: setup ## Performance figures: webhook reviews/s, latency and memory (allowed and denied creates), controller drain time and resume after a PDB is deleted, log writers, then bench-scale
 	bash tests/bench.sh

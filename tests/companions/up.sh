@@ -27,7 +27,9 @@
 # tests (tests/monitoring/rules-test.sh) check the manifest's own durations.
 # NMO_PROMETHEUS_MONITORING names another kustomization to set it up from
 # (e.g. tests/monitoring/cert-manager: the ServiceMonitors verifying the
-# metrics certificate cert-manager issued). Its base URL goes to
+# metrics certificate cert-manager issued). NMO_PROMETHEUS_PROXY_URL sends
+# the ServiceMonitors' scrapes through that HTTP CONNECT proxy (the real
+# node's pods: tests/node/stage.sh). Its base URL goes to
 # .cluster/prometheus.url.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -171,7 +173,8 @@ prometheus_up() {
     --out "$PROM_DIR" --targets "$PROM_DIR/targets" --secrets-dir "$PROM_DIR/secrets" \
     --file "/var/run/secrets/kubernetes.io/serviceaccount/token=$PROM_DIR/token" \
     --interval "$interval" --rule-for "$rule_for" --evaluation-interval "$interval" \
-    ${ksm:+--static-job "kube-state-metrics=$ksm"})"
+    ${ksm:+--static-job "kube-state-metrics=$ksm"} \
+    ${NMO_PROMETHEUS_PROXY_URL:+--proxy-url "$NMO_PROMETHEUS_PROXY_URL"})"
   # Secret keys the ServiceMonitors read (a CA to verify the services by), as
   # the Prometheus Operator mounts them: from the cluster when the Secret is
   # there; until then a placeholder CA that verifies nothing (Prometheus

@@ -4,7 +4,8 @@
 # their images, as their manifests/base Deployments run them), puts a workload
 # on a node, creates a NodeMaintenance, prints the drain as it happens, shows
 # what the node carries and the events, then deletes the NodeMaintenance and
-# shows the node given back.
+# shows the node given back. DEMO_ON=real-node (make demo-real-node) runs the
+# services as pods of manifests/base on the real node (tests/node/) instead.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO_ROOT"
@@ -16,9 +17,24 @@ fail() { printf 'demo failed: %s\n' "$*" >&2; exit 1; }
 NODE="${DEMO_NODE:-worker-1}"
 NM="maintain-$NODE"
 
-say "Starting the local control plane and both services (first run builds Kubernetes: minutes)"
-bash tests/deploy/deploy-local.sh
-[ -f .cluster/pids/controller.pid ] || bash tests/deploy/controller-local.sh
+if [ "${DEMO_ON:-}" = real-node ]; then
+  # make demo-real-node: the same maintenance, the services run as a cluster
+  # runs them: manifests/base rolled out by a real kubelet (tests/node/).
+  say "Starting the local control plane, the real node real-1 and manifests/base on it (first run builds Kubernetes and the kubelet: minutes)"
+  bash tests/deploy/deploy-local.sh --stop >/dev/null 2>&1 || true
+  bash tests/cluster/up.sh
+  bash tests/node/up.sh
+  bash tests/node/install.sh base
+  logs_hint="kubectl -n nmo-system logs deploy/nmo-controller (and deploy/nmo-webhook)"
+  stop_hint="bash tests/node/install.sh --uninstall; make cluster-down"
+else
+  say "Starting the local control plane and both services (first run builds Kubernetes: minutes)"
+  bash tests/node/install.sh --uninstall >/dev/null 2>&1 || true # a make demo-real-node install would judge and reconcile too
+  bash tests/deploy/deploy-local.sh
+  [ -f .cluster/pids/controller.pid ] || bash tests/deploy/controller-local.sh
+  logs_hint=".cluster/logs/{controller,webhook}.log"
+  stop_hint="make undeploy-local cluster-down"
+fi
 
 say "A workload: 6 web replicas spread over the workers, guarded by a PodDisruptionBudget"
 K create namespace demo --dry-run=client -o yaml | K apply -f - >/dev/null
@@ -86,4 +102,4 @@ K get lease -n medik8s-leases "node-$NODE" >/dev/null 2>&1 && fail "lease node-$
 run get events -A --field-selector "involvedObject.name=$NODE,reason=UncordonNode" -o custom-columns=REASON:.reason,MESSAGE:.message,OBJECT:.involvedObject.name
 K delete namespace demo --wait=false >/dev/null
 
-say "Done. Logs: .cluster/logs/{controller,webhook}.log   Stop everything: make undeploy-local cluster-down"
+say "Done. Logs: $logs_hint   Stop everything: $stop_hint"

@@ -52,6 +52,7 @@ if init="$(node_init_pid)"; then
 fi
 stop_pid real-node-init # unshare, waiting for its init
 stop_pid real-node-api-bridge
+stop_pid real-node-egress-tcp
 if [ -n "$pid_ns" ]; then
   deadline=$((SECONDS + 15))
   while [ -n "$(node_processes "$pid_ns")" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done

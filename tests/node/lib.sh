@@ -27,6 +27,9 @@
 #                connect-proxy in the node -> a Service's ClusterIP or the
 #                kubelet ($NODE_IP:10250)
 #   containerd.sock  crictl and ctr from the machine
+# and the egress has a loopback end too, 127.0.0.1:$EGRESS_PROXY_PORT (socat,
+# state file EGRESS_PROXY_URL), for a client that speaks CONNECT over TCP
+# only: Prometheus scrapes the pods through it (its proxy_url).
 
 log() { printf '[real-node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[real-node] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -48,7 +51,7 @@ NODE_LABEL=nmo-rs.medik8s.io/real-node
 # Every cgroup of the node's pods hangs below this one, in each hierarchy.
 NODE_CGROUP_ROOT="/nmo-rs-$(printf '%s' "$CLUSTER_DIR" | sha256sum | cut -c1-8)-$NODE_NAME"
 # The node's processes, in start order: init first (down.sh stops in reverse).
-NODE_COMPONENTS=(real-node-init real-node-api-bridge real-node-api-inner real-node-egress containerd kubelet kube-proxy)
+NODE_COMPONENTS=(real-node-init real-node-api-bridge real-node-api-inner real-node-egress real-node-egress-tcp containerd kubelet kube-proxy)
 
 # node_init_pid: the init's pid (pid 1 inside the node), alive and ours.
 node_init_pid() {

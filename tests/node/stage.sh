@@ -12,12 +12,18 @@
 #   5. 20 maintenances more, then each pod's memory as the kubelet's cgroups
 #      report it (the kubelet's stats summary, through the API server), idle
 #      and after, beside the manifests' limits; no pod restarted
+#   5b. the local Prometheus (make companions) scrapes both Deployments' pods
+#      through the metrics Services' endpoints, as the ServiceMonitors say
+#      (its scrapes sent through the node's egress: proxy_url)
 #   (2 also reads from the kernel what each pod's process runs with: user,
 #   seccomp, no_new_privs, capabilities, read-only root, memory limit)
 #   6. suite real_node (tests/tests/integration/real_node.rs): the webhook's
 #      rolling upgrade under a stream of creates (0 failed admissions), the
 #      controller's while a PodDisruptionBudget holds a drain, and its leading
-#      pod deleted mid-drain: the next leader finishes, nothing done twice
+#      pod deleted mid-drain: the next leader finishes, nothing done twice;
+#      the API server down 12 s while a drain is held: the leader gives its
+#      Lease up after 10 s and exits, the kubelet restarts it (restart counts
+#      printed), the maintenance still finishes
 #   7. manifests/overlays/cert-manager on the node with the real cert-manager
 #      (make companions): a leaf renewal, then a CA renewal and the leaf's,
 #      under a stream of creates: failed admissions (none allowed) and the
@@ -178,11 +184,44 @@ restarts="$(kc -n nmo-system get pods -o jsonpath='{range .items[*]}{.status.con
 [ "$restarts" = "0 " ] || die "a pod restarted: $(kc -n nmo-system get pods -o wide)"
 say "   restarts: none"
 
-say "6. rolling upgrades and a deleted leader, under load (suite real_node, one test at a time)"
+say "5b. Prometheus scrapes the pods through the Services' endpoints, as manifests/monitoring's ServiceMonitors say"
+# The local Prometheus (make companions) on the machine, its scrapes sent
+# through the node's egress (proxy_url): the targets are the metrics
+# Services' EndpointSlices as kube-proxy sees them, the pods' addresses.
+prom_url="$(cat "$CLUSTER_DIR/prometheus.url" 2>/dev/null || true)"
+if [ -z "$prom_url" ] || ! pid_of prometheus >/dev/null; then
+  bash "$REPO_ROOT/tests/companions/up.sh" prometheus
+  prom_url="$(cat "$CLUSTER_DIR/prometheus.url")"
+fi
+proxy="$(sed -n 's/^EGRESS_PROXY_URL=//p' "$NODE_DIR/state.env")"
+metrics_services=(nmo-webhook-metrics nmo-controller-metrics)
+for svc in "${metrics_services[@]}"; do
+  kc -n nmo-system get endpointslices -l "kubernetes.io/service-name=$svc" -o json |
+    jq --arg svc "$svc" '[.items[] | .ports[0].port as $port | .endpoints[] | select(.conditions.ready) |
+      {targets: ["\(.addresses[0]):\($port)"], labels: {job: $svc, namespace: "nmo-system", service: $svc,
+       endpoint: "https", pod: .targetRef.name}}]' >"$CLUSTER_DIR/prometheus/targets/nmo-system_$svc.json"
+done
+NMO_PROMETHEUS_PROXY_URL="$proxy" bash "$REPO_ROOT/tests/companions/up.sh" prometheus 2>&1 | tail -n 1
+targets_up() { # every target of both jobs up: one line each, else what is not
+  local t want got
+  t="$(curl -fsS "$prom_url/api/v1/targets?state=active")" || return 1
+  want=$(jq -s 'map(length) | add' "$CLUSTER_DIR"/prometheus/targets/nmo-system_nmo-{webhook,controller}-metrics.json)
+  got="$(jq -r '.data.activeTargets[] | select(.labels.job == "nmo-webhook-metrics" or .labels.job == "nmo-controller-metrics") |
+    "\(.labels.job) \(.scrapeUrl) \(.health) \(.lastError)"' <<<"$t")"
+  [ "$(grep -c ' up ' <<<"$got")" -eq "$want" ] || { echo "want $want targets up: $got"; return 1; }
+  echo "$got"
+}
+until_ok "Prometheus to scrape every nmo pod through the node (proxy $proxy)" 60 targets_up
+targets_up | while read -r job url health _; do say "   $job: $url $health"; done
+for svc in "${metrics_services[@]}"; do rm -f "$CLUSTER_DIR/prometheus/targets/nmo-system_$svc.json"; done
+bash "$REPO_ROOT/tests/companions/up.sh" prometheus >/dev/null 2>&1 # its configuration without the proxy again
+
+say "6. rolling upgrades, a deleted leader, the API server restarted (suite real_node, one test at a time)"
 # The webhook's rolling upgrade under a stream of creates (failed admissions
 # counted, none allowed); the controller's, while a PodDisruptionBudget holds
 # a drain, then its leading pod deleted while another is held: the next
-# leader finishes each, each event once.
+# leader finishes each, each event once; the API server killed for 12 s
+# while a drain is held: the kubelet restarts the leader that gave up.
 (cd "$REPO_ROOT" && cargo test -q -p nmo-tests --test integration -- --ignored --test-threads=1 --nocapture \
   real_node:: --skip real_node::cert_manager) || die "suite real_node failed (its output above)"
 bash "$here/install.sh" --uninstall

@@ -198,6 +198,12 @@ wait_for "the API server was not reachable from inside the node (logs: $LOGS/rea
 node_start real-node-egress "$NODE_DIR/bin/connect-proxy" --listen "$EGRESS_SOCKET"
 wait_for "the egress socket $EGRESS_SOCKET did not appear (log: $LOGS/real-node-egress.log)" 10 \
   test -S "$EGRESS_SOCKET"
+# Its loopback end, for Prometheus (proxy_url speaks TCP only).
+egress_port=23128
+while (exec 3<>"/dev/tcp/127.0.0.1/$egress_port") 2>/dev/null; do egress_port=$((egress_port + 1)); done
+start_component real-node-egress-tcp socat \
+  "TCP-LISTEN:$egress_port,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$EGRESS_SOCKET"
+echo "EGRESS_PROXY_URL=http://127.0.0.1:$egress_port" >>"$NODE_STATE"
 
 # ---- cgroups: the node's root in every hierarchy (cpuset needs its cpus and mems)
 for h in /sys/fs/cgroup/*/; do

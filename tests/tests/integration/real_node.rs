@@ -260,6 +260,11 @@ async fn finish(bed: &TestBed, nms: &[&str]) {
     bed.teardown().await;
 }
 
+/// The sum of `component`'s container restarts.
+async fn restart_sum(client: &Client, component: &str) -> anyhow::Result<i32> {
+    Ok(restarts(client, component).await?.values().sum())
+}
+
 /// Once the webhook has rolled out: a test bed with a kwok node of its own,
 /// and a stream of creates for it already flowing (50 admitted).
 async fn streaming(client: &Client, prefix: &str) -> anyhow::Result<(TestBed, Stream)> {
@@ -354,6 +359,45 @@ async fn controller_hand_over_finishes_a_held_drain_once() -> anyhow::Result<()>
         restarts(&client, "controller").await?
     );
     finish(&bed, &[&nm1, &nm2]).await;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "tests/node/stage.sh runs it with manifests/base on the real node"]
+async fn apiserver_restart_mid_drain_the_kubelet_restarts_the_leader_and_it_finishes()
+-> anyhow::Result<()> {
+    let client = client().await?;
+    scale(&client, "nmo-controller", 2).await?;
+    let bed = TestBed::new(client.clone(), "rn-ar").await?;
+    let (_, nm) = held_drain(&bed, "c").await?;
+    let before = restarts(&client, "controller").await?;
+    let sum_before: i32 = before.values().sum();
+    // Down for 12 s: longer than the leader's 10 s renew deadline.
+    let r = nmo_tests::plane::restart("kube-apiserver", 12.0).await?;
+    until(
+        "the kubelet to restart the controller that gave its Lease up",
+        LONG,
+        || async {
+            let n = restart_sum(&client, "controller").await?;
+            Ok(if n > sum_before {
+                Poll::Ready(())
+            } else {
+                Poll::Pending(format!("{n} restarts"))
+            })
+        },
+    )
+    .await?;
+    wait_rolled_out(&client, "nmo-controller").await?;
+    let leader = wait_leader(&client, "").await?;
+    let took = release(&bed, "c", &nm).await?;
+    let after = restarts(&client, "controller").await?;
+    println!(
+        "API server restarted mid-drain ({r}): controller restarts {before:?} -> {after:?}; {leader} leads; \
+         {nm} Succeeded {:.1} s after its PDB was lifted",
+        took.as_secs_f64()
+    );
+    assert_once(&client, &nm).await?;
+    finish(&bed, &[&nm]).await;
     Ok(())
 }
 

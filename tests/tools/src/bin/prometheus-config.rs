@@ -22,6 +22,9 @@
 //!   prometheus-config --monitoring mon.yaml --services base.yaml --out DIR \
 //!     --targets DIR/targets --file /var/run/secrets/kubernetes.io/serviceaccount/token=TOKEN
 //!
+//! `--proxy-url URL` sends the ServiceMonitors' scrapes through an HTTP
+//! CONNECT proxy (the real node's pods are reached so, tests/node/stage.sh).
+//!
 //! `--file IN_POD_PATH=LOCAL` maps a file a pod would have (the token, a CA)
 //! to the local one; `--secret NS/NAME/KEY=LOCAL` does the same for a Secret
 //! or ConfigMap key a tlsConfig names (or `--secrets-dir DIR`: each such key
@@ -71,6 +74,11 @@ struct Args {
     /// Scrape interval for every job instead of the endpoints' own.
     #[arg(long)]
     interval: Option<String>,
+    /// An HTTP CONNECT proxy for the ServiceMonitors' jobs (`proxy_url`):
+    /// where the targets' addresses exist only behind it (the real node's
+    /// pods, tests/node/up.sh). What is scraped and how stays the manifests'.
+    #[arg(long)]
+    proxy_url: Option<String>,
     /// `for:` of every alert in rules-live.yaml instead of the manifest's.
     #[arg(long)]
     rule_for: Option<String>,
@@ -432,6 +440,11 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
     if jobs.is_empty() {
         bail!("no ServiceMonitor in {}", args.monitoring.display());
+    }
+    if let Some(proxy) = &args.proxy_url {
+        for job in jobs.iter_mut().filter_map(Value::as_mapping_mut) {
+            job.insert("proxy_url".into(), proxy.as_str().into());
+        }
     }
     for j in &args.static_jobs {
         jobs.push(static_job(j, args.interval.as_deref())?);
