@@ -442,9 +442,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         bail!("no ServiceMonitor in {}", args.monitoring.display());
     }
     if let Some(proxy) = &args.proxy_url {
-        for job in jobs.iter_mut().filter_map(Value::as_mapping_mut) {
-            job.insert("proxy_url".into(), proxy.as_str().into());
-        }
+        through_proxy(&mut jobs, proxy);
     }
     for j in &args.static_jobs {
         jobs.push(static_job(j, args.interval.as_deref())?);
@@ -513,6 +511,13 @@ fn main() {
     }
 }
 
+/// Every job scrapes through the HTTP CONNECT proxy at `proxy`.
+fn through_proxy(jobs: &mut [Value], proxy: &str) {
+    for job in jobs.iter_mut().filter_map(Value::as_mapping_mut) {
+        job.insert("proxy_url".into(), proxy.into());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -533,6 +538,22 @@ mod tests {
             &["ns/ca/ca.crt=/local/ca".into()],
         )
         .expect("paths")
+    }
+
+    #[test]
+    fn a_proxy_reaches_every_job_and_changes_nothing_else() {
+        let sm = yaml(
+            "kind: ServiceMonitor\nmetadata: {name: s, namespace: ns}\nspec:\n  selector: {matchLabels: {app: a}}\n  endpoints:\n  - {port: https, scheme: https}\n  - {port: https, scheme: https, path: /other}",
+        );
+        let mut jobs = scrape_jobs(&sm, &svc(), &paths(), Path::new("/t"), None).expect("jobs");
+        let before = jobs.clone();
+        through_proxy(&mut jobs, "http://127.0.0.1:23128");
+        for (j, b) in jobs.iter().zip(&before) {
+            assert_eq!(j["proxy_url"], Value::from("http://127.0.0.1:23128"));
+            let mut j = j.as_mapping().expect("job").clone();
+            j.remove("proxy_url");
+            assert_eq!(&Value::from(j), b);
+        }
     }
 
     #[test]
