@@ -32,8 +32,26 @@ uninstall() {
   rm -rf "$out"
 }
 
+# clean_slate: what a previous install left under the manifests' fixed names
+# goes first (namespace nmo-system with its Certificates, Issuers and
+# Secrets, the webhook configuration), as on a cluster it was never
+# installed on: a cert-manager Certificate left behind would keep issuing
+# over the base install's Secret, and cainjector would keep rewriting the
+# caBundle.
+clean_slate() {
+  local found=""
+  kc get namespace nmo-system >/dev/null 2>&1 && found+="namespace nmo-system ($(kc -n nmo-system get certificates.cert-manager.io,issuers.cert-manager.io,deployments -o name 2>/dev/null | tr '\n' ' ')) "
+  kc get validatingwebhookconfiguration nmo-validating-webhook >/dev/null 2>&1 && found+="validatingwebhookconfiguration nmo-validating-webhook"
+  [ -n "$found" ] || return 0
+  log "removing what an earlier install left: $found"
+  kc delete validatingwebhookconfiguration nmo-validating-webhook --ignore-not-found >/dev/null
+  kc delete namespace nmo-system --ignore-not-found --wait=true --timeout=120s >/dev/null ||
+    die "namespace nmo-system was not deleted within 120 s: $(kc get namespace nmo-system -o jsonpath='{.status}' 2>&1)"
+}
+
 install_base() {
   node_init_pid >/dev/null || die "the real node is not running: make real-node"
+  clean_slate
   mkdir -p "$out"
   kc kustomize "$here/install/base" >"$out/rendered.yaml"
   log "applying manifests/base as rendered (+ tests/node/local-images): $(grep -c '^kind:' "$out/rendered.yaml") objects"
@@ -59,6 +77,7 @@ install_cert_manager() {
   node_init_pid >/dev/null || die "the real node is not running: make real-node"
   pid_of cert-manager-controller >/dev/null && pid_of cert-manager-cainjector >/dev/null ||
     die "cert-manager is not running on the plane: make companions (or bash tests/companions/up.sh cert-manager)"
+  clean_slate
   mkdir -p "$out"
   kc kustomize "$here/install/cert-manager" >"$out/rendered.yaml"
   log "applying manifests/overlays/cert-manager as rendered (+ tests/node/local-images): $(grep -c '^kind:' "$out/rendered.yaml") objects"
