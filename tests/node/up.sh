@@ -95,21 +95,32 @@ chmod 600 "$PKI/$NODE_NAME"-*.key
 write_kubeconfig "$NODE_DIR/kubelet.kubeconfig" "$NODE_NAME-kubelet"
 write_kubeconfig "$NODE_DIR/kube-proxy.kubeconfig" "$NODE_NAME-kube-proxy"
 
+# started_child NAME WRAPPER [EXE]: the pid of the process that component
+# NAME's WRAPPER (unshare, nsenter: it forks into the namespaces and waits)
+# started, once WRAPPER runs and, given EXE, once that child has exec'd EXE.
+started_child() {
+  local name=$1 wrapper=$2 exe=${3:-} outer child deadline=$((SECONDS + 10))
+  outer="$(cat "$PIDS/$name.pid")"
+  while :; do
+    child="$(cat "/proc/$outer/task/$outer/children" 2>/dev/null || true)"
+    child="${child%% *}"
+    if [ -n "$child" ] && [ "$(cat "/proc/$outer/comm" 2>/dev/null)" = "$wrapper" ] &&
+      { [ -z "$exe" ] || [ "$(readlink "/proc/$child/exe" 2>/dev/null)" = "$exe" ]; }; then
+      echo "$child"
+      return 0
+    fi
+    [ -d "/proc/$outer" ] || component_failed "$name" "exited at once"
+    [ "$SECONDS" -lt "$deadline" ] || component_failed "$name" "did not start within 10 s"
+    sleep 0.05
+  done
+}
+
 # ---- the node's namespaces: init = pause as pid 1
 log "creating the node's pid, mount and network namespaces (init: pause)"
 start_component real-node-init unshare --pid --fork --mount --net --mount-proc \
   --propagation private --kill-child -- "$NODE_DIR/bin/pause"
-outer="$(cat "$PIDS/real-node-init.pid")"
-deadline=$((SECONDS + 10))
-init=""
-while :; do
-  init="$(cat "/proc/$outer/task/$outer/children" 2>/dev/null || true)"
-  init="${init%% *}"
-  [ -n "$init" ] && [ "$(readlink "/proc/$init/exe" 2>/dev/null)" = "$NODE_DIR/bin/pause" ] && break
-  [ -d "/proc/$outer" ] || component_failed real-node-init "exited at once"
-  [ "$SECONDS" -lt "$deadline" ] || component_failed real-node-init "did not start its init within 10 s"
-  sleep 0.05
-done
+# The init's pid once pause runs (unshare has mounted the new /proc by then).
+init="$(started_child real-node-init unshare "$NODE_DIR/bin/pause")"
 cat >"$NODE_STATE" <<EOF
 # written by tests/node/up.sh; read by down.sh and the tests
 NODE_NAME=$NODE_NAME
@@ -161,18 +172,10 @@ in_node bash -euo pipefail -c '
 # nsenter forks CMD into the pid namespace and waits for it without passing
 # signals on, so the pid file is switched to CMD's own process.
 node_start() {
-  local name=$1 outer child deadline=$((SECONDS + 10))
+  local name=$1 child
   shift
   start_component "$name" nsenter --target "$init" --pid --mount --net -- "$@"
-  outer="$(cat "$PIDS/$name.pid")"
-  while :; do
-    child="$(cat "/proc/$outer/task/$outer/children" 2>/dev/null || true)"
-    child="${child%% *}"
-    [ -n "$child" ] && [ "$(cat "/proc/$outer/comm" 2>/dev/null)" = nsenter ] && break
-    [ -d "/proc/$outer" ] || component_failed "$name" "exited at once"
-    [ "$SECONDS" -lt "$deadline" ] || component_failed "$name" "did not start within 10 s"
-    sleep 0.05
-  done
+  child="$(started_child "$name" nsenter)"
   echo "$child" >"$PIDS/$name.pid"
 }
 # wait_for WHAT TIMEOUT CMD...: CMD succeeds within TIMEOUT s, else die with WHAT.
