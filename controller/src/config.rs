@@ -35,6 +35,23 @@ pub struct Config {
     #[arg(long, default_value_t = shared::kube::namespace::operator_namespace())]
     pub leader_election_namespace: String,
 
+    /// How long standbys wait, after the last change of the leader election
+    /// Lease they saw, before taking it over (controller-runtime's 15s).
+    /// Go duration syntax, whole seconds.
+    #[arg(long, env = "LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = positive_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader keeps leading without renewing the Lease; then it
+    /// exits (controller-runtime's 10s). Shorter than the lease duration. A
+    /// cluster with one API server whose restarts take longer may raise both.
+    #[arg(long, env = "LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = positive_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// How often every replica looks at the Lease, and the leader renews it
+    /// (controller-runtime's 2s). Shorter than the renew deadline.
+    #[arg(long, env = "LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = positive_duration)]
+    pub leader_elect_retry_period: Duration,
+
     /// At most this many nodes are in maintenance at once; the others wait in creation order
     /// with phase Pending. 0 means no limit (upstream's behaviour).
     #[arg(long, env = "MAX_CONCURRENT_MAINTENANCES", default_value_t = 1)]

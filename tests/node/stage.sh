@@ -21,9 +21,11 @@
 #      rolling upgrade under a stream of creates (0 failed admissions), the
 #      controller's while a PodDisruptionBudget holds a drain, and its leading
 #      pod deleted mid-drain: the next leader finishes, nothing done twice
-#      (its API-server-restart test is skipped here for now: see its doc)
 #   6b. upstream's own e2e suite (its Go module, v0.17.0) black-box against
 #      this install; three specs skipped (upstream-e2e.sh says why)
+#   6c. the API server down 12 s mid-drain: the leader gives its Lease up at
+#      its 10 s renew deadline and exits, the kubelet restarts it, the drain
+#      finishes, each event once (suite real_node, alone: it restarts the plane)
 #   7. manifests/overlays/cert-manager on the node with the real cert-manager
 #      (make companions): a leaf renewal, then a CA renewal and the leaf's,
 #      under a stream of creates: failed admissions (none allowed) and the
@@ -230,6 +232,11 @@ e2e_log="$LOGS/real-node-upstream-e2e.log"
 if bash "$here/upstream-e2e.sh" >"$e2e_log" 2>&1; then e2e_rc=0; else e2e_rc=$?; fi
 grep -E '^(Ran [0-9]+ of|SUCCESS!|FAIL!|\[FAIL\])' "$e2e_log" | sed 's/^/   /' || true
 [ "$e2e_rc" -eq 0 ] || { tail -n 60 "$e2e_log"; die "upstream's e2e suite failed against nmo-rs (log: $e2e_log)"; }
+
+say "6c. the API server down 12 s mid-drain: the leader exits at its renew deadline, the kubelet restarts it"
+(cd "$REPO_ROOT" && cargo test -q -p nmo-tests --test integration -- --ignored --exact --nocapture \
+  real_node::apiserver_restart_mid_drain_the_kubelet_restarts_the_leader_and_it_finishes) ||
+  die "the API server restart on the real node failed (its output above)"
 bash "$here/install.sh" --uninstall
 
 say "7. the cert-manager install: the real cert-manager issues, the kubelet projects, renewals under load"

@@ -133,6 +133,13 @@ impl Env {
             .extra_args([
                 format!("--nodemaintenance-selector={GROUP_KEY}={}", bed.group),
                 format!("--leader-election-namespace={operator_ns}"),
+                // The only API server is down 8 s and takes seconds to serve
+                // again: past controller-runtime's 10 s renew deadline, after
+                // which a leader exits (real_node.rs proves that, with the
+                // kubelet restarting it). These tests are about carrying on,
+                // as a cluster with one API server would set it.
+                "--leader-elect-renew-deadline=40s".to_string(),
+                "--leader-elect-lease-duration=60s".to_string(),
                 "--zap-log-level=debug".to_string(),
             ])
             .kubeconfig(&kubeconfig)

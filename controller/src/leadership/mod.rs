@@ -4,33 +4,31 @@
 //! rolling upgrade waits for the new pod's readiness) and takes over with warm
 //! caches. Only the leader reconciles: `is_leading` is checked at the top of
 //! every reconcile, and `acquired` fires once leadership is won so everything
-//! in the cache is reconciled at that moment. A leader that loses the Lease
-//! exits (as controller-runtime does) so two replicas never write at once; on
-//! SIGTERM the Lease is released so the successor need not wait for it to expire.
+//! in the cache is reconciled at that moment. A leader that cannot renew the
+//! Lease within its renew deadline, or finds it held by another, exits (as
+//! controller-runtime does) so two replicas never write at once; on SIGTERM
+//! the Lease is released so the successor need not wait for it to expire.
+//! The rules are in [`decide`], the loop against the API server in `elect`.
+
+pub mod decide;
+mod elect;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::Stream;
-use kube::Client;
-use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use decide::Timing;
 
-/// Lease duration and renewal margin (controller-runtime's defaults: 15 s lease).
-const LEASE_DURATION_SECS: u64 = 15;
-const LEASE_GRACE_SECS: u64 = 5;
-/// A leader that could not renew for this long steps down (the Lease may have
-/// expired for the others by then).
-const RENEW_DEADLINE: Duration = Duration::from_secs(LEASE_DURATION_SECS - LEASE_GRACE_SECS);
-/// How often a standby looks at the Lease (controller-runtime's retry period).
-/// Left alone, the lease manager trusts its cached copy until the holder's
-/// term ends, so a released Lease (rolling upgrade) would wait out its term.
-const RETRY_PERIOD: Duration = Duration::from_secs(2);
 /// Longest wait for the Lease release on shutdown.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -43,8 +41,10 @@ pub enum Error {
         namespace: String,
         name: String,
         #[source]
-        source: kube_lease_manager::LeaseManagerError,
+        source: kube::Error,
     },
+    #[error("leader election timing of Lease {name}: {0}", name = .1)]
+    Timing(String, String),
     #[error(
         "lost leadership of Lease {namespace}/{name}; exiting so that only the new leader writes"
     )]
@@ -57,6 +57,7 @@ pub struct Settings {
     pub namespace: String,
     pub name: String,
     pub identity: String,
+    pub timing: Result<Timing, String>,
 }
 
 impl Settings {
@@ -66,6 +67,11 @@ impl Settings {
             namespace: cfg.leader_election_namespace.clone(),
             name: cfg.leader_election_id.clone(),
             identity: instance_name(),
+            timing: Timing::new(
+                cfg.leader_elect_lease_duration,
+                cfg.leader_elect_renew_deadline,
+                cfg.leader_elect_retry_period,
+            ),
         }
     }
 }
@@ -113,20 +119,27 @@ impl Leadership {
             return Ok((l, None));
         }
         metrics.leader(&settings.name, false);
-        let factory = Factory {
-            client,
-            namespace: settings.namespace.clone(),
-            name: settings.name.clone(),
-            identity: settings.identity.clone(),
-        };
-        let manager = factory.build().await.map_err(|source| Error::Setup {
-            namespace: settings.namespace.clone(),
-            name: settings.name.clone(),
-            source,
-        })?;
+        let timing = settings
+            .timing
+            .map_err(|e| Error::Timing(e, settings.name.clone()))?;
+        let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
+        // One read first: a missing namespace or Role fails the start, named.
+        if let Err(source) = api.get_opt(&settings.name).await {
+            return Err(Error::Setup {
+                namespace: settings.namespace,
+                name: settings.name,
+                source,
+            });
+        }
         let (tx, channel) = watch::channel(false);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(elect(factory, manager, tx, stop.clone()));
+        let elector = elect::Elector {
+            api,
+            name: settings.name.clone(),
+            identity: settings.identity.clone(),
+            timing,
+        };
+        let task = tokio::spawn(elector.run(tx, stop.clone()));
         tracing::info!(lease = %format!("{}/{}", settings.namespace, settings.name),
             identity = %settings.identity, "waiting to become leader (standby replicas are Ready and keep their caches warm)");
         let l = Leadership {
@@ -214,92 +227,4 @@ impl Election {
             ),
         }
     }
-}
-
-/// The election loop: publish each change of leadership until stopped, then
-/// release the Lease if held. API errors are retried with a capped backoff;
-/// the manager itself stops renewing when it cannot, so a leader cut off from
-/// the API server loses the Lease when it expires, as everyone else sees it.
-async fn elect(
-    factory: Factory,
-    mut manager: LeaseManager,
-    tx: watch::Sender<bool>,
-    stop: CancellationToken,
-) {
-    let mut backoff = Duration::from_millis(500);
-    let mut failing_since: Option<Instant> = None;
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            changed = next_change(&manager, *tx.borrow()) => match changed {
-                // A standby's look again: a fresh manager reads the Lease anew
-                // (one GET), so a released or expired Lease is taken at once.
-                None => match factory.build().await {
-                    Ok(fresh) => manager = fresh,
-                    Err(e) => tracing::warn!(error = %e, "leader election: reading the Lease failed; retrying"),
-                },
-                Some(Ok(leading)) => {
-                    backoff = Duration::from_millis(500);
-                    failing_since = None;
-                    tx.send_replace(leading);
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "leader election: the Lease could not be read or renewed; retrying");
-                    // A leader that cannot renew within the deadline must assume
-                    // a standby took over (controller-runtime's renew deadline).
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    if *tx.borrow() && since.elapsed() >= RENEW_DEADLINE {
-                        tracing::error!("leader election: Lease not renewed for {RENEW_DEADLINE:?}; giving leadership up");
-                        tx.send_replace(false);
-                    }
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            },
-        }
-    }
-    match manager.release().await {
-        Ok(()) => tracing::info!("leader election Lease released (if it was held)"),
-        Err(e) => tracing::warn!(error = %e,
-            "releasing the leader election Lease failed; the successor waits for it to expire"),
-    }
-}
-
-/// Builds lease managers for one Lease and identity.
-struct Factory {
-    client: Client,
-    namespace: String,
-    name: String,
-    identity: String,
-}
-
-impl Factory {
-    /// A manager with the Lease's current state (read, or created when missing).
-    async fn build(&self) -> kube_lease_manager::Result<LeaseManager> {
-        LeaseManagerBuilder::new(self.client.clone(), &self.name)
-            .with_namespace(&self.namespace)
-            .with_identity(&self.identity)
-            .with_duration(LEASE_DURATION_SECS)
-            .with_grace(LEASE_GRACE_SECS)
-            .build()
-            .await
-    }
-}
-
-/// The next change of leadership; a standby gives up waiting after
-/// `RETRY_PERIOD` (None) so the caller looks again and sees a released Lease.
-async fn next_change(
-    manager: &LeaseManager,
-    leading: bool,
-) -> Option<kube_lease_manager::Result<bool>> {
-    if leading {
-        return Some(manager.changed().await);
-    }
-    tokio::time::timeout(RETRY_PERIOD, manager.changed())
-        .await
-        .ok()
 }
