@@ -793,7 +793,11 @@ proptest! {
         for (nm, me) in nms.iter().chain([&outsider]).zip(entries) {
             for max in [0, 1, small_max, max] {
                 let decision = slots::decide(&me, &all, max);
-                let ahead = slots::ahead(&me, &all, max);
+                let no_gate = |_: &Entry, _: &[Entry]| None::<()>;
+                let turn = slots::turn(&me, &all, max, no_gate);
+                prop_assert_eq!(&turn.decision, &Ok(decision.clone()), "no gate: the slots decide");
+                let waits = matches!(decision, SlotDecision::Wait { .. });
+                let ahead = waits.then_some(turn.ahead);
                 match &decision {
                     SlotDecision::Wait { position, holders, max: m } => {
                         prop_assert!(*position >= 1, "positions are 1-based");

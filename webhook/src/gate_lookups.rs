@@ -31,7 +31,7 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 use shared::kube::partial::NodeView as WatchedNode;
 use shared::rules::gates::{self, AlertsSeen, GateDecision, GateReason, Gates, NodeView, Observed};
-use shared::rules::slots::Entry;
+use shared::rules::slots::{self, Entry, SlotDecision};
 use shared::rules::sync::LockExt;
 use shared::rules::ttl::TtlCache;
 use shared::serve::alert_source::AlertSource;
@@ -84,9 +84,12 @@ impl fmt::Debug for GateSettings {
     }
 }
 
-/// The gate verdict for one create.
+/// The queue's verdict for one create: the controller's own decision
+/// (`shared::rules::slots::turn`) over what the webhook sees.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct GateFacts {
+pub struct QueueFacts {
+    /// When it will wait for a slot: the NodeMaintenances ahead of it.
+    pub slot_ahead: Option<Vec<String>>,
     /// The gate it will wait for, with the gate's message.
     pub wait: Option<(GateReason, String)>,
     /// What could not be checked, one line each.
@@ -101,11 +104,19 @@ pub struct Seen {
     pub alerts: Option<Result<Arc<AlertsSeen>, String>>,
 }
 
-/// The gate `me` will wait for, by [`gates::may_start`] over `all` (the
-/// entries the slot warning uses). A lookup that did not answer leaves its
-/// gates out of the decision and is named in `unchecked`: a warning says
-/// what it knows, and never guesses a wait.
-pub fn decide(me: &Entry, all: &[Entry], gates: &Gates, seen: Seen, now: Timestamp) -> GateFacts {
+/// What `me` will wait for, by the controller's decision
+/// ([`slots::turn`] with [`gates::may_start`] as the gate) over `all` and
+/// `max` (--max-concurrent-maintenances). A lookup that did not answer
+/// leaves its gates out of the decision and is named in `unchecked`: a
+/// warning says what it knows, and never guesses a wait.
+pub fn decide(
+    me: &Entry,
+    all: &[Entry],
+    max: usize,
+    gates: &Gates,
+    seen: Seen,
+    now: Timestamp,
+) -> QueueFacts {
     let mut gates = gates.clone();
     let mut unchecked = Vec::new();
     let nodes = match seen.nodes {
@@ -132,11 +143,21 @@ pub fn decide(me: &Entry, all: &[Entry], gates: &Gates, seen: Seen, now: Timesta
         now,
         alerts: &alerts,
     };
-    let wait = match gates::may_start(me, all, &observed, &gates) {
+    let gate = |e: &Entry, all: &[Entry]| match gates::may_start(e, all, &observed, &gates) {
         GateDecision::Start => None,
         GateDecision::Wait { reason, message } => Some((reason, message)),
     };
-    GateFacts { wait, unchecked }
+    let turn = slots::turn(me, all, max, gate);
+    let (slot_ahead, wait) = match turn.decision {
+        Ok(SlotDecision::Wait { .. }) => (Some(turn.ahead), None),
+        Ok(_) => (None, None),
+        Err(wait) => (None, Some(wait)),
+    };
+    QueueFacts {
+        slot_ahead,
+        wait,
+        unchecked,
+    }
 }
 
 /// The gates' lookups, each answer kept for [`FRESH_FOR`].
@@ -164,11 +185,19 @@ impl GateLookups {
         self.settings.any()
     }
 
-    /// The gate a create of `me` will wait for, looked up by `deadline`.
-    pub async fn wait(&self, me: &Entry, all: &[Entry], deadline: Deadline) -> GateFacts {
+    /// What a create of `me` will wait for at `now` (`max`: its slots),
+    /// the gates' inputs looked up by `deadline` (only those a gate needs).
+    pub async fn decide_queue(
+        &self,
+        me: &Entry,
+        all: &[Entry],
+        max: usize,
+        deadline: Deadline,
+        now: Timestamp,
+    ) -> QueueFacts {
         let (nodes, alerts) = tokio::join!(self.nodes(deadline), self.alerts(deadline));
         let seen = Seen { nodes, alerts };
-        decide(me, all, &self.settings.gates, seen, Timestamp::now())
+        decide(me, all, max, &self.settings.gates, seen, now)
     }
 
     /// Every node as the gates see it, when a node budget is set.

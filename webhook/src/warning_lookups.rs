@@ -29,7 +29,7 @@ use shared::{NodeMaintenance, rules::slots};
 use tokio::time::Instant as Deadline;
 
 use crate::cached::Cached;
-use crate::gate_lookups::{GateFacts, GateLookups, GateSettings};
+use crate::gate_lookups::{GateLookups, GateSettings, QueueFacts};
 use crate::validate::Unavailable;
 use crate::warnings::{self, Facts, PdbFacts, PodFacts};
 
@@ -115,9 +115,9 @@ impl WarningLookups {
         let node = self.node_facts(&mut facts, caches.pdbs, deadline);
         let (queue, ()) = tokio::join!(queue, node);
         facts.slot_ahead = queue.slot_ahead;
-        facts.gate = queue.gate.wait;
+        facts.gate = queue.wait;
         let node_unchecked = std::mem::take(&mut facts.unchecked);
-        facts.unchecked = queue.gate.unchecked;
+        facts.unchecked = queue.unchecked;
         facts.unchecked.extend(node_unchecked);
         facts
     }
@@ -144,25 +144,13 @@ impl WarningLookups {
                     (false, _) => "fleet gates",
                 };
                 return QueueFacts {
-                    slot_ahead: None,
-                    gate: GateFacts {
-                        wait: None,
-                        unchecked: vec![format!("{what} not checked: {e}")],
-                    },
+                    unchecked: vec![format!("{what} not checked: {e}")],
+                    ..QueueFacts::default()
                 };
             }
         };
-        let slot_ahead = if max > 0 {
-            slots::ahead(&me, &all, max)
-        } else {
-            None
-        };
-        let gate = if gated {
-            self.gates.wait(&me, &all, deadline).await
-        } else {
-            GateFacts::default()
-        };
-        QueueFacts { slot_ahead, gate }
+        let now = k8s_openapi::jiff::Timestamp::now();
+        self.gates.decide_queue(&me, &all, max, deadline, now).await
     }
 
     /// The node's part of the facts: its pods, the PodDisruptionBudgets of
@@ -323,14 +311,6 @@ type VmiAnswer = (
     String,
     Result<kube::Result<Option<DynamicObject>>, tokio::time::error::Elapsed>,
 );
-
-/// Whether `nm` waits for a slot or a gate: `slot_ahead` names the
-/// NodeMaintenances ahead of it (`shared::rules::slots::ahead`).
-#[derive(Default)]
-struct QueueFacts {
-    slot_ahead: Option<Vec<String>>,
-    gate: GateFacts,
-}
 
 /// `nm` and every other NodeMaintenance as the slots and the gates count
 /// them: `me` last in `all`, stamped the newest when not stamped yet.

@@ -251,7 +251,7 @@ pub fn build(facts: &Facts) -> Vec<String> {
 }
 
 /// "will wait: N maintenance(s) ahead (a, b, ...)": the slot holders and the
-/// NodeMaintenances queued before this one (`shared::rules::slots::ahead`).
+/// NodeMaintenances queued before this one that no gate holds (`shared::rules::slots::turn`).
 pub fn slot_line(ahead: &[String]) -> String {
     let mut names = ahead
         .iter()

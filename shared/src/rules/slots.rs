@@ -6,9 +6,9 @@
 //! Running or Succeeded) until it is gone, deletion included, so the next one
 //! starts only after the node was given back.
 //!
-//! Pure functions over [`Entry`]s: the controller decides with them, and the
-//! webhook tells at admission time what a new NodeMaintenance will wait for
-//! ([`ahead`]), from the same rules.
+//! Pure functions over [`Entry`]s. [`turn`] joins the slots and the fleet
+//! gates into one answer: the controller acts on it and the webhook tells
+//! at admission time what a new NodeMaintenance will wait for from it.
 
 use crate::rules::sync::LockExt;
 use crate::{MaintenancePhase, NodeMaintenance};
@@ -171,13 +171,10 @@ impl Admissions {
         }
     }
 
-    /// [`Admissions::decide`] with the fleet gates: for `me` not yet
-    /// started, `gate` sees `me` and `all` as counted here (this process's
-    /// admissions the cache does not show yet count as Running) and may
-    /// make it wait instead: `Err(wait)`, nothing recorded. The slots
-    /// decide first; in their queue, an earlier
-    /// maintenance that a gate holds takes no slot ahead of `me` (it waits
-    /// for something else: its zone, say). The gate runs under the same
+    /// [`Admissions::decide`] with the fleet gates: [`turn`] over `me` and
+    /// `all` as counted here (this process's admissions the cache does not
+    /// show yet count as Running); an admission is recorded, a gate's wait
+    /// is `Err(wait)` with nothing recorded. The gate runs under the same
     /// lock as the record, so two decisions cannot both spend the last of
     /// a budget.
     pub fn decide_gated<W>(
@@ -202,27 +199,67 @@ impl Admissions {
         };
         let all: Vec<Entry> = all.iter().map(counted).collect();
         let me_counted = counted(me);
-        let mut decision = decide(&me_counted, &all, max);
-        if me_counted.admitted() || matches!(decision, SlotDecision::Duplicate { .. }) {
-            return Ok(decision);
+        let decision = turn(&me_counted, &all, max, gate).decision;
+        if !me_counted.admitted() && matches!(decision, Ok(SlotDecision::Admitted)) {
+            decided.insert((me.name.clone(), me.created.clone()));
         }
-        if let SlotDecision::Wait { .. } = decision {
-            let free = max.saturating_sub(holders(&all).len());
-            let ahead = queue(&all)
-                .into_iter()
-                .take_while(|e| e.name != me.name)
-                .filter(|e| gate(e, &all).is_none())
-                .count();
-            if ahead >= free {
-                return Ok(decision);
-            }
-            decision = SlotDecision::Admitted;
+        decision
+    }
+}
+
+/// The slots' and the gates' one answer for a NodeMaintenance: what the
+/// controller acts on and what the webhook warns with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turn<W> {
+    /// The slots' answer, or the wait of the gate that holds it (`Err`).
+    pub decision: Result<SlotDecision, W>,
+    /// When it waits for a slot: the slot holders, then those queued before
+    /// it that no gate holds, each in creation order. Empty otherwise.
+    pub ahead: Vec<String>,
+}
+
+/// Decide for `me` with the slots (`max`, 0: no limit) and the fleet gates
+/// (`gate`: `Some(wait)` holds a maintenance that has not started). The
+/// slots decide first; in their queue, an earlier maintenance that a gate
+/// holds takes no slot ahead of `me` (it waits for something else: its
+/// zone, say). Started ones and duplicates pass no gate. Without gates,
+/// `decision` is [`decide`]'s.
+pub fn turn<W>(
+    me: &Entry,
+    all: &[Entry],
+    max: usize,
+    gate: impl Fn(&Entry, &[Entry]) -> Option<W>,
+) -> Turn<W> {
+    let start = |decision| Turn {
+        decision,
+        ahead: Vec::new(),
+    };
+    let decision = decide(me, all, max);
+    if me.admitted() || matches!(decision, SlotDecision::Duplicate { .. }) {
+        return start(Ok(decision));
+    }
+    if let SlotDecision::Wait { holders, max, .. } = decision {
+        let free = max.saturating_sub(holders.len());
+        let before: Vec<String> = queue(all)
+            .into_iter()
+            .take_while(|e| e.name != me.name)
+            .filter(|e| gate(e, all).is_none())
+            .map(|e| e.name.clone())
+            .collect();
+        if before.len() >= free {
+            let position = before.len() + 1 - free;
+            let ahead = holders.iter().cloned().chain(before).collect();
+            let decision = Ok(SlotDecision::Wait {
+                position,
+                holders,
+                max,
+            });
+            return Turn { decision, ahead };
         }
-        if let Some(wait) = gate(&me_counted, &all) {
-            return Err(wait);
-        }
-        decided.insert((me.name.clone(), me.created.clone()));
-        Ok(decision)
+    }
+    match gate(me, all) {
+        Some(wait) => start(Err(wait)),
+        None => start(Ok(SlotDecision::Admitted)),
     }
 }
 
@@ -260,23 +297,6 @@ pub(crate) fn queue(all: &[Entry]) -> Vec<&Entry> {
 /// or are being deleted wait for nothing.
 pub fn woken_by_departure(all: &[Entry]) -> Vec<String> {
     queue(all).into_iter().map(|e| e.name.clone()).collect()
-}
-
-/// When [`decide`] makes `me` wait: the NodeMaintenances ahead of it, the
-/// slot holders first, then those queued before it, each in creation order.
-/// `None` when `me` is admitted (or is a duplicate, which is not a wait).
-pub fn ahead(me: &Entry, all: &[Entry], max: usize) -> Option<Vec<String>> {
-    let SlotDecision::Wait { .. } = decide(me, all, max) else {
-        return None;
-    };
-    let mut names: Vec<String> = holders(all).iter().map(|e| e.name.clone()).collect();
-    names.extend(
-        queue(all)
-            .into_iter()
-            .take_while(|e| e.name != me.name)
-            .map(|e| e.name.clone()),
-    );
-    Some(names)
 }
 
 /// The text a waiting NodeMaintenance shows in `lastError`.
@@ -520,6 +540,13 @@ pub(crate) mod tests {
         assert!(m.contains("position 2"), "{m}");
         assert!(m.contains("--max-concurrent-maintenances"), "{m}");
     }
+    /// [`turn`] without gates: the names ahead when it waits for a slot.
+    fn ahead(me: &Entry, all: &[Entry], max: usize) -> Option<Vec<String>> {
+        let no_gate = |_: &Entry, _: &[Entry]| None::<()>;
+        let t = turn(me, all, max, no_gate);
+        matches!(t.decision, Ok(SlotDecision::Wait { .. })).then_some(t.ahead)
+    }
+
     #[test]
     fn ahead_names_holders_then_the_queue_before_me() {
         let a = e("a", "n1", "1", Some(MaintenancePhase::Running));

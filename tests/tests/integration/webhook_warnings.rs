@@ -298,7 +298,7 @@ async fn a_taken_slot_says_what_the_new_maintenance_waits_for() {
 
     let second = test_nm(&format!("{}-second", bed.group), &second_node);
     // Every NodeMaintenance of the cluster counts, other tests' too: the
-    // expected line is the slot rules (shared::rules::slots) over what the API
+    // expected line is the controller's decision (shared::rules::slots::turn) over what the API
     // server holds now; polled, since other tests change it meanwhile.
     let nms: Api<NodeMaintenance> = Api::all(client.clone());
     let expected = || async {
@@ -309,7 +309,11 @@ async fn a_taken_slot_says_what_the_new_maintenance_waits_for() {
         };
         let mut entries: Vec<slots::Entry> = all.iter().map(slots::Entry::of).collect();
         entries.push(me.clone());
-        anyhow::Ok(slots::ahead(&me, &entries, 1).map(|a| (a.contains(&first), slot_line(&a))))
+        let no_gate = |_: &slots::Entry, _: &[slots::Entry]| None::<()>;
+        let turn = slots::turn(&me, &entries, 1, no_gate);
+        let waits = matches!(turn.decision, Ok(slots::SlotDecision::Wait { .. }));
+        let ahead = waits.then_some(turn.ahead);
+        anyhow::Ok(ahead.map(|a| (a.contains(&first), slot_line(&a))))
     };
     let warnings = until("the will-wait warning of the slot rules", SHORT, || async {
         let want = expected().await?;

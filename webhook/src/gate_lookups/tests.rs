@@ -62,7 +62,7 @@ fn what_did_not_answer_is_left_out_and_named() {
         nodes: Some(Ok(nodes)),
         alerts: None,
     };
-    let got = decide(&me, &all, &g, seen, now());
+    let got = decide(&me, &all, 0, &g, seen, now());
     let (reason, message) = got.wait.expect("a wait");
     assert_eq!(reason, GateReason::MaxUnavailable, "{message}");
     assert!(message.contains("n2 (NotReady)"), "{message}");
@@ -73,12 +73,12 @@ fn what_did_not_answer_is_left_out_and_named() {
         nodes: Some(Err(line.clone())),
         alerts: None,
     };
-    let got = decide(&me, &all, &g, seen, now());
+    let got = decide(&me, &all, 0, &g, seen, now());
     assert_eq!(
         got,
-        GateFacts {
-            wait: None,
-            unchecked: vec![line]
+        QueueFacts {
+            unchecked: vec![line],
+            ..QueueFacts::default()
         }
     );
 }
@@ -92,7 +92,7 @@ fn alerts_unread_in_time_are_named_and_failed_ones_block() {
         nodes: None,
         alerts: Some(Err("--block-on-alerts-url not checked: late".into())),
     };
-    let got = decide(&me, &all, &g, late, now());
+    let got = decide(&me, &all, 0, &g, late, now());
     assert_eq!(got.wait, None);
     assert_eq!(
         got.unchecked,
@@ -105,7 +105,7 @@ fn alerts_unread_in_time_are_named_and_failed_ones_block() {
             "connection refused".into(),
         )))),
     };
-    let got = decide(&me, &all, &g, failed, now());
+    let got = decide(&me, &all, 0, &g, failed, now());
     let (reason, message) = got.wait.expect("fails closed");
     assert_eq!(reason, GateReason::AlertsFiring);
     assert!(message.contains("connection refused"), "{message}");
@@ -117,7 +117,10 @@ fn alerts_unread_in_time_are_named_and_failed_ones_block() {
             state: "pending".into(),
         }])))),
     };
-    assert_eq!(decide(&me, &all, &g, quiet, now()), GateFacts::default());
+    assert_eq!(
+        decide(&me, &all, 0, &g, quiet, now()),
+        QueueFacts::default()
+    );
 }
 
 #[test]
@@ -133,10 +136,17 @@ fn a_window_and_the_pause_need_no_lookup() {
         alerts: None,
     };
     assert!(settings.any());
-    let got = decide(&me, std::slice::from_ref(&me), &g, Seen::default(), now());
+    let got = decide(
+        &me,
+        std::slice::from_ref(&me),
+        0,
+        &g,
+        Seen::default(),
+        now(),
+    );
     let (reason, message) = got.wait.expect("outside the window");
     assert_eq!(reason, GateReason::OutsideWindow, "{message}");
-    let got = decide(&me, &[broken, me.clone()], &g, Seen::default(), now());
+    let got = decide(&me, &[broken, me.clone()], 0, &g, Seen::default(), now());
     assert_eq!(
         got.wait.map(|(r, _)| r),
         Some(GateReason::PausedAfterFailure)
@@ -230,7 +240,7 @@ async fn nodes_unlisted_in_time_leave_the_window_gate() {
     let me = entry("nm-new", "n1", NEW, None);
     let began = Deadline::now();
     let got = lookups
-        .wait(&me, std::slice::from_ref(&me), began + budget)
+        .decide_queue(&me, std::slice::from_ref(&me), 0, began + budget, now())
         .await;
     assert!(began.elapsed() < budget * 3, "took {:?}", began.elapsed());
     assert_eq!(
@@ -240,10 +250,46 @@ async fn nodes_unlisted_in_time_leave_the_window_gate() {
              listed within --warnings-timeout 100ms"
         ]
     );
-    // The real clock: inside the window (Saturday 02:00-06:00 UTC) no wait.
-    let inside = lookups.settings.gates.windows[0].contains(Timestamp::now());
+    // Saturday 01:30 UTC, before the window (02:00-06:00): it still holds.
     assert_eq!(
         got.wait.map(|(reason, _)| reason),
-        (!inside).then_some(GateReason::OutsideWindow)
+        Some(GateReason::OutsideWindow)
     );
+}
+
+/// Two slots, one per zone: a running in zone a, b of zone a held by its
+/// zone. A create in zone b starts at once (the controller's decision, as
+/// `shared::rules::slots::turn` makes it), so no wait is warned of; one in
+/// zone a is told of the zone, not of a slot.
+#[test]
+fn the_warning_is_the_controllers_decision_with_slots_and_a_zone_budget() {
+    let zoned = |name: &str, zone: &str| NodeView {
+        zone: Some(zone.into()),
+        ..node(name, true)
+    };
+    let nodes = Arc::new(vec![
+        zoned("a1", "a"),
+        zoned("a2", "a"),
+        zoned("a3", "a"),
+        zoned("b1", "b"),
+    ]);
+    let g = gates(&["--max-concurrent-per-zone=1"]);
+    let running = entry("nm-a", "a1", OLD, Some("Running"));
+    let held = entry("nm-b", "a2", OLD, None);
+    for (me, want) in [
+        (entry("nm-new", "b1", NEW, None), None),
+        (
+            entry("nm-new", "a3", NEW, None),
+            Some(GateReason::ZoneBudget),
+        ),
+    ] {
+        let all = [running.clone(), held.clone(), me.clone()];
+        let seen = Seen {
+            nodes: Some(Ok(nodes.clone())),
+            alerts: None,
+        };
+        let got = decide(&me, &all, 2, &g, seen, now());
+        assert_eq!(got.slot_ahead, None, "{}: no slot wait: {got:?}", me.node);
+        assert_eq!(got.wait.map(|(r, _)| r), want, "{}", me.node);
+    }
 }

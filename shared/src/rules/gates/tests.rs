@@ -883,3 +883,67 @@ fn budgets_count_only_the_selected_nodes() {
         assert_eq!(got == GateDecision::Start, starts, "{case}: {got:?}");
     }
 }
+
+/// What [`turn`] answers in a row of [`slots_and_each_gate_combined`].
+#[derive(Debug, PartialEq)]
+enum Want {
+    Start,
+    /// Waits for a slot at `position`, these ahead of it.
+    Slot(usize, &'static [&'static str]),
+    Gate(GateReason),
+}
+
+/// (name, --max-concurrent-maintenances, gates, all with `me` last, alerts, answer)
+type Row<'a> = (&'a str, usize, Gates, Vec<Entry>, &'a AlertsSeen, Want);
+
+/// [`turn`], the one decision of the controller and the webhook's warning,
+/// over the slots with each gate: `me` is the last entry of `all`. Zones of
+/// [`fleet`]: n0-n4 "a", n5-n7 "b".
+#[test]
+fn slots_and_each_gate_combined() {
+    use crate::rules::slots::turn;
+    let firing = AlertsSeen::Read(vec![alert("EtcdDown", "critical", "firing")]);
+    let friday = "2026-12-11T12:00:00Z"; // outside the Berlin window (Saturday 02:00 local)
+    #[rustfmt::skip]
+    let cases: Vec<Row> = vec![
+        ("slots alone: behind the holder", 1, Gates::default(),
+            vec![e("a", "n0", "1", Some(Running)), e("me", "n5", "3", None)], &AlertsSeen::NotRead, Want::Slot(1, &["a"])),
+        ("slots alone: behind the holder and an earlier waiter", 1, Gates::default(),
+            vec![e("a", "n0", "1", Some(Running)), e("b", "n1", "2", None), e("me", "n5", "3", None)], &AlertsSeen::NotRead, Want::Slot(2, &["a", "b"])),
+        ("zone: an earlier one held by its zone takes no slot, another zone starts", 2, per_zone(1),
+            vec![e("a", "n0", "1", Some(Running)), e("b", "n1", "2", None), e("me", "n5", "3", None)], &AlertsSeen::NotRead, Want::Start),
+        ("zone: the same zone waits for it", 2, per_zone(1),
+            vec![e("a", "n0", "1", Some(Running)), e("b", "n1", "2", None), e("me", "n2", "3", None)], &AlertsSeen::NotRead, Want::Gate(GateReason::ZoneBudget)),
+        ("zone: every slot in use, the slot comes first", 2, per_zone(1),
+            vec![e("a", "n0", "1", Some(Running)), e("c", "n5", "2", Some(Running)), e("me", "n8", "3", None)], &AlertsSeen::NotRead, Want::Slot(1, &["a", "c"])),
+        ("max-unavailable: held like the earlier one", 2, max_unavailable("1", 0),
+            vec![e("a", "n0", "1", Some(Running)), e("b", "n1", "2", None), e("me", "n5", "3", None)], &AlertsSeen::NotRead, Want::Gate(GateReason::MaxUnavailable)),
+        ("window: a free slot, the window holds it", 2, windows(&[BERLIN_SATURDAY]),
+            vec![e("a", "n0", "1", Some(Running)), e("me", "n5", "3", None)], &AlertsSeen::NotRead, Want::Gate(GateReason::OutsideWindow)),
+        ("window: no free slot, the slot is named (earlier waiters held by the window take none)", 1, windows(&[BERLIN_SATURDAY]),
+            vec![e("a", "n0", "1", Some(Running)), e("b", "n1", "2", None), e("me", "n5", "3", None)], &AlertsSeen::NotRead, Want::Slot(1, &["a"])),
+        ("pause: a failed one holds a free slot's start", 2, pause(),
+            vec![e("f", "n3", "1", Some(Failed)), e("me", "n5", "3", None)], &AlertsSeen::NotRead, Want::Gate(GateReason::PausedAfterFailure)),
+        ("alerts: firing holds a free slot's start", 1, alert_gate(r#"severity="critical""#),
+            vec![e("me", "n5", "3", None)], &firing, Want::Gate(GateReason::AlertsFiring)),
+        ("started: no slot or gate stops it", 1, per_zone(1),
+            vec![e("a", "n0", "1", Some(Running)), e("me", "n1", "3", Some(Succeeded))], &AlertsSeen::NotRead, Want::Start),
+    ];
+    for (name, max, gates, all, alerts, want) in cases {
+        let nodes = fleet();
+        let observed = observe(&nodes, alerts, friday);
+        let me = all.last().expect("me").clone();
+        let t = turn(&me, &all, max, as_gate(&observed, &gates));
+        let ok = match (&t.decision, &want) {
+            (Ok(SlotDecision::Admitted), Want::Start) => t.ahead.is_empty(),
+            (Ok(SlotDecision::Wait { position, .. }), Want::Slot(p, names)) => {
+                position == p && t.ahead == *names
+            }
+            (Err(GateDecision::Wait { reason, .. }), Want::Gate(r)) => {
+                reason == r && t.ahead.is_empty()
+            }
+            _ => false,
+        };
+        assert!(ok, "{name}: want {want:?}, got {t:?}");
+    }
+}
