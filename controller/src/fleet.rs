@@ -74,45 +74,52 @@ impl Fleet {
     }
 
     /// A node watch event (every node), kept only when a node gate is set.
-    pub fn observe(&self, event: &watcher::Event<partial::NodeView>) {
+    /// True when the budgets' view of the fleet changed (a counted node
+    /// appeared, left, or changed Ready, cordon or zone; a re-list
+    /// completed): the maintenances waiting on a budget should look again.
+    pub fn observe(&self, event: &watcher::Event<partial::NodeView>) -> bool {
         if !self.gates.needs_nodes() {
-            return;
+            return false;
         }
         let view = |n: &partial::NodeView| NodeView::of_watched(n, &self.gates.zone_label);
         let counts = |n: &partial::NodeView| self.gates.counts_node(n.metadata.labels.as_ref());
         let mut nodes = self.nodes.locked();
-        match event {
-            watcher::Event::Init => nodes.relist = Some(BTreeMap::new()),
+        let changed = match event {
+            watcher::Event::Init => {
+                nodes.relist = Some(BTreeMap::new());
+                false
+            }
             watcher::Event::InitApply(n) if counts(n) => {
                 let v = view(n);
                 if let Some(relist) = nodes.relist.as_mut() {
                     relist.insert(v.name.clone(), v);
                 }
+                false
             }
-            watcher::Event::InitApply(_) => {}
-            watcher::Event::InitDone => {
-                if let Some(relist) = nodes.relist.take() {
-                    nodes.live = relist;
-                    nodes.snapshot = None;
-                    self.listed.send_replace(true);
-                }
-            }
+            watcher::Event::InitApply(_) => false,
+            watcher::Event::InitDone => nodes.relist.take().is_some_and(|relist| {
+                nodes.live = relist;
+                self.listed.send_replace(true);
+                true
+            }),
             watcher::Event::Apply(n) if counts(n) => {
                 let v = view(n);
-                if nodes.live.get(&v.name) != Some(&v) {
+                nodes.live.get(&v.name) != Some(&v) && {
                     nodes.live.insert(v.name.clone(), v);
-                    nodes.snapshot = None;
+                    true
                 }
             }
             // A node that no longer carries the selector's labels leaves.
-            watcher::Event::Apply(n) | watcher::Event::Delete(n) => {
-                if let Some(name) = n.metadata.name.as_deref() {
-                    if nodes.live.remove(name).is_some() {
-                        nodes.snapshot = None;
-                    }
-                }
-            }
+            watcher::Event::Apply(n) | watcher::Event::Delete(n) => n
+                .metadata
+                .name
+                .as_deref()
+                .is_some_and(|name| nodes.live.remove(name).is_some()),
+        };
+        if changed {
+            nodes.snapshot = None;
         }
+        changed
     }
 
     /// Nodes known (0 unless a node gate is set).
@@ -351,6 +358,53 @@ mod tests {
             .map(|v| (v.name.clone(), v.ready))
             .collect();
         assert_eq!(live, vec![("n3".to_string(), true)]);
+    }
+
+    /// Which node events wake the waiters: a change of what the budgets
+    /// count, not a heartbeat, an uncounted node or a list in progress.
+    #[test]
+    fn a_counted_node_change_wakes_the_waiters() {
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let fleet = zone_fleet();
+        let cordoned = {
+            let mut n = node("n1", "True");
+            n.spec = Some(
+                serde_json::from_value(serde_json::json!({"unschedulable": true})).expect("spec"),
+            );
+            n
+        };
+        let mut rezoned = node("n1", "True");
+        rezoned.metadata.labels = Some([(ZONE.to_string(), "b".to_string())].into());
+        let cases = [
+            ("a node appears", Apply(node("n1", "True")), true),
+            (
+                "a heartbeat (nothing counted changed)",
+                Apply(node("n1", "True")),
+                false,
+            ),
+            ("it becomes NotReady", Apply(node("n1", "False")), true),
+            ("Ready again", Apply(node("n1", "True")), true),
+            ("cordoned", Apply(cordoned), true),
+            ("uncordoned", Apply(node("n1", "True")), true),
+            ("another zone", Apply(rezoned), true),
+            ("it leaves", Delete(node("n1", "True")), true),
+            ("an unknown node leaves", Delete(node("n9", "True")), false),
+            ("a re-list starts", Init, false),
+            (
+                "a node of the re-list",
+                InitApply(node("n2", "True")),
+                false,
+            ),
+            ("the re-list is complete", InitDone, true),
+        ];
+        for (case, event, wakes) in cases {
+            assert_eq!(fleet.observe(&event), wakes, "{case}");
+        }
+        let unguarded = Fleet::new(Gates::default()).expect("fleet");
+        assert!(
+            !unguarded.observe(&Apply(node("n1", "False"))),
+            "no node gate: nothing to wake"
+        );
     }
 
     #[test]

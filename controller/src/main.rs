@@ -174,7 +174,11 @@ fn controller(
         departures,
     } = nms;
     let everything = futures::stream::select(leadership.acquired(ctx.metrics.clone()), relisted);
-    let departed = watches::queued_on_departure(departures, store.clone(), queue.clone());
+    // A counted node that changed (Ready, cordon, zone, came or left) frees
+    // or takes a budget: the waiters look again at once, as on a departure.
+    let (fleet_changed, fleet_changes) = futures::channel::mpsc::unbounded::<()>();
+    let released = futures::stream::select(departures, fleet_changes);
+    let woken = watches::waiters_woken(released, store.clone(), queue.clone());
     let everything = watches::reconcile_all(everything, store.clone(), queue.clone());
     let unblocked = drain_wakes::wakes(
         client.clone(),
@@ -185,8 +189,10 @@ fn controller(
     let node_cache = ctx.node_cache.clone();
     let fleet_ctx = Arc::downgrade(&ctx);
     let nodes = watches::nodes(client, node_cache.clone(), move |event| {
-        if let Some(ctx) = fleet_ctx.upgrade() {
-            ctx.fleet.observe(event);
+        if let Some(ctx) = fleet_ctx.upgrade()
+            && ctx.fleet.observe(event)
+        {
+            let _ = fleet_changed.unbounded_send(());
         }
     });
     Controller::for_stream(nms, store.clone())
@@ -200,7 +206,7 @@ fn controller(
         })
         .reconcile_all_on(everything)
         .reconcile_on(unblocked)
-        .reconcile_on(departed)
+        .reconcile_on(woken)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(move |r| {

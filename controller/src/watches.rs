@@ -216,16 +216,17 @@ pub fn reconcile_all<S: Stream<Item = ()> + Send + 'static>(
     })
 }
 
-/// `departed` (a NodeMaintenance left the cache; a burst counts once)
-/// queues the waiting ones at once ([`slots::woken_by_departure`]) instead
-/// of at their next look (2 s): the next of a zone or a slot starts as soon
-/// as the node before it was given back.
-pub fn queued_on_departure<S: Stream<Item = ()> + Send + 'static>(
-    departed: S,
+/// `released` (a NodeMaintenance left the cache, or a node the budgets
+/// count changed; a burst counts once) queues the waiting ones at once
+/// ([`slots::woken_by_departure`]) instead of at their next look (2 s):
+/// the next of a zone or a slot starts as soon as the node before it was
+/// given back, or a node that held a budget is Ready and schedulable again.
+pub fn waiters_woken<S: Stream<Item = ()> + Send + 'static>(
+    released: S,
     store: Store<NodeMaintenance>,
     queue: WorkQueue,
 ) -> impl Stream<Item = ObjectRef<NodeMaintenance>> + Send + 'static {
-    departed.ready_chunks(256).flat_map(move |_| {
+    released.ready_chunks(256).flat_map(move |_| {
         let all: Vec<slots::Entry> = store
             .state()
             .iter()
@@ -287,7 +288,7 @@ mod tests {
         let queue = WorkQueue::new("test").expect("queue");
         // Three departures at once: one wake of each waiter, in order.
         let departures = futures::stream::iter([(), (), ()]);
-        let woken: Vec<String> = queued_on_departure(departures, store, queue)
+        let woken: Vec<String> = waiters_woken(departures, store, queue)
             .map(|r| r.name)
             .collect()
             .await;

@@ -46,9 +46,16 @@ cargo build -q --locked -p nmo-tools --bin connect-proxy
 CONNECT_PROXY="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/debug/connect-proxy"
 images="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/images"
 case "$(uname -m)" in x86_64) platform=linux/amd64 ;; aarch64 | arm64) platform=linux/arm64 ;; *) platform="linux/$(uname -m)" ;; esac
-if [ ! -f "$images/nmo-controller.oci.tar" ] || [ ! -f "$images/nmo-webhook.oci.tar" ]; then
-  log "no image archives in $images: building them for $platform (make images, IMAGE_PLATFORMS=$platform)"
-  IMAGE_PLATFORMS="$platform" bash "$REPO_ROOT/tests/release/images.sh" >/dev/null
+# Built from the tree every time (cargo builds only what changed), so the
+# node never runs images older than the code being tested; make test built
+# them already (NMO_DEPLOY_SKIP_IMAGES=1), as may a developer who wants
+# target/images as they are.
+if [ -n "${NMO_DEPLOY_SKIP_IMAGES:-}" ] && [ -f "$images/nmo-controller.oci.tar" ] && [ -f "$images/nmo-webhook.oci.tar" ]; then
+  log "NMO_DEPLOY_SKIP_IMAGES set: importing $images as they are (not rebuilt)"
+else
+  log "building the images for $platform from this tree (make images, IMAGE_PLATFORMS=$platform)"
+  IMAGE_PLATFORMS="$platform" bash "$REPO_ROOT/tests/release/images.sh" >/dev/null ||
+    die "make images (bash tests/release/images.sh) failed (see above)"
 fi
 
 exec 9>"$CLUSTER_DIR/.node.lock"

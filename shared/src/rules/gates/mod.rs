@@ -20,8 +20,10 @@
 //!
 //! Requeue a waiting maintenance: at the next window's start for
 //! `OutsideWindow` (the message has it; [`next_window_start`] gives it as a
-//! time), on Node and NodeMaintenance changes for the budgets and the
-//! pause, and every fetch interval for `AlertsFiring`.
+//! time), at once when a NodeMaintenance leaves or a counted node changes
+//! (Ready, cordon, zone, arrival, departure) for the budgets and the pause,
+//! with a look every 2 s as a backstop, and every fetch interval for
+//! `AlertsFiring`.
 //!
 //! # Order of the gates
 //! Pause after a failure, firing alerts, the window, max-unavailable, the
