@@ -7,7 +7,9 @@
 //! - `Queued`: waiting for a maintenance slot (`--max-concurrent-maintenances`,
 //!   reason WaitingForSlot) or held by a fleet gate (reason OutsideWindow,
 //!   ZoneBudget, MaxUnavailable, PausedAfterFailure or AlertsFiring).
-//! - `Cordoned`: the node is cordoned, tainted and excluded from remediation.
+//! - `Cordoned`: the node is cordoned, tainted and excluded from remediation
+//!   (False with reason ChangedByHand once a person changed that after the
+//!   drain finished: the maintenance leaves the node as they left it).
 //! - `Drained`: every pod that had to leave has left.
 //! - `Blocked`: the drain cannot go on now; the message names every pod in
 //!   the way and why (PDB, eviction webhook denial), the lease holder, or
@@ -141,6 +143,44 @@ pub fn conditions(
         push(CORDONED, false, "NodeSchedulable", String::new());
     }
     out
+}
+
+/// The Cordoned condition's reason for a node changed by hand after its
+/// drain finished (the maintenance leaves it so).
+pub const CHANGED_BY_HAND: &str = "ChangedByHand";
+
+/// A node changed by hand after its drain finished: Cordoned turns False
+/// with reason [`CHANGED_BY_HAND`] and `message` (see [`conditions`] for
+/// `old`, `generation` and `now`).
+pub fn changed_by_hand(
+    conditions: &mut [Condition],
+    old: &[Condition],
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let by_hand = condition(
+        old,
+        CORDONED,
+        false,
+        CHANGED_BY_HAND,
+        message.to_string(),
+        generation,
+        now,
+    );
+    for c in conditions.iter_mut().filter(|c| c.type_ == CORDONED) {
+        *c = by_hand.clone();
+    }
+}
+
+/// The message of a Cordoned condition that just became ChangedByHand, or
+/// changed its words (the person changed something else): the Warning
+/// event's; none otherwise.
+pub fn by_hand_news<'a>(old: &[Condition], new: &'a [Condition]) -> Option<&'a str> {
+    let by_hand = |c: &Condition| c.type_ == CORDONED && c.reason == CHANGED_BY_HAND;
+    let now = new.iter().find(|c| by_hand(c))?;
+    let before = old.iter().find(|c| by_hand(c)).map(|c| c.message.as_str());
+    (before != Some(now.message.as_str())).then_some(now.message.as_str())
 }
 
 /// The Drained condition's status (True once the phase is Succeeded),

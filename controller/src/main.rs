@@ -153,6 +153,29 @@ fn register_kept_entries(ctx: &Arc<Ctx>) -> anyhow::Result<()> {
         .context("registering nmo_nodemaintenance_waiting")
 }
 
+/// The node watch (its changes map to the maintenances that name the node),
+/// and a tick each time a node the fleet budgets count changed (Ready,
+/// cordon, zone, came or left): that frees or takes a budget, so the
+/// waiters look again at once, as on a departure.
+fn node_watch(
+    ctx: &Arc<Ctx>,
+    client: Client,
+) -> (
+    impl Stream<Item = Result<shared::kube::partial::NodeView, watcher::Error>> + Send + 'static,
+    impl Stream<Item = ()> + Send + 'static,
+) {
+    let (fleet_changed, fleet_changes) = futures::channel::mpsc::unbounded::<()>();
+    let fleet_ctx = Arc::downgrade(ctx);
+    let nodes = watches::nodes(client, ctx.node_cache.clone(), move |event| {
+        if let Some(ctx) = fleet_ctx.upgrade()
+            && ctx.fleet.observe(event)
+        {
+            let _ = fleet_changed.unbounded_send(());
+        }
+    });
+    (nodes, fleet_changes)
+}
+
 /// The NodeMaintenance controller, reconciling on the watch `nms`, on node
 /// changes, on drain wakes, and everything when this replica wins the Lease
 /// or the watch re-listed; it ends once `stop` resolved and the reconciles
@@ -174,9 +197,7 @@ fn controller(
         departures,
     } = nms;
     let everything = futures::stream::select(leadership.acquired(ctx.metrics.clone()), relisted);
-    // A counted node that changed (Ready, cordon, zone, came or left) frees
-    // or takes a budget: the waiters look again at once, as on a departure.
-    let (fleet_changed, fleet_changes) = futures::channel::mpsc::unbounded::<()>();
+    let (nodes, fleet_changes) = node_watch(&ctx, client.clone());
     let released = futures::stream::select(departures, fleet_changes);
     let woken = watches::waiters_woken(released, store.clone(), queue.clone());
     let everything = watches::reconcile_all(everything, store.clone(), queue.clone());
@@ -187,14 +208,6 @@ fn controller(
         ctx.departures_watched.clone(),
     );
     let node_cache = ctx.node_cache.clone();
-    let fleet_ctx = Arc::downgrade(&ctx);
-    let nodes = watches::nodes(client, node_cache.clone(), move |event| {
-        if let Some(ctx) = fleet_ctx.upgrade()
-            && ctx.fleet.observe(event)
-        {
-            let _ = fleet_changed.unbounded_send(());
-        }
-    });
     Controller::for_stream(nms, store.clone())
         .with_config(controller::Config::default().concurrency(limit))
         // The watches back off on their own and hand over no errors

@@ -84,6 +84,31 @@ pub fn is_in_maintenance(node: &Node) -> bool {
         && has_label(node)
 }
 
+/// What was taken off `node` of what its maintenance puts on (each as
+/// words for the event): empty when it carries everything.
+pub fn undone(node: &Node) -> Vec<&'static str> {
+    let taints = taints_of(node).map(Vec::as_slice).unwrap_or_default();
+    let has = |key: &str| {
+        taints
+            .iter()
+            .any(|t| t.key == key && t.effect == TAINT_EFFECT)
+    };
+    let mut out = Vec::new();
+    if !is_cordoned(node) {
+        out.push("uncordoned");
+    }
+    if !has(TAINT_DRAIN_KEY) {
+        out.push("taint medik8s.io/drain:NoSchedule removed");
+    }
+    if !has(TAINT_UNSCHEDULABLE_KEY) {
+        out.push("taint node.kubernetes.io/unschedulable:NoSchedule removed");
+    }
+    if !has_label(node) {
+        out.push("label remediation.medik8s.io/exclude-from-remediation removed");
+    }
+    out
+}
+
 /// The node's prior-cordon annotation says "true".
 pub fn had_prior_cordon(node: &Node) -> bool {
     annotation(node).is_some_and(|v| v == "true")
@@ -516,5 +541,59 @@ mod tests {
             pointer_key(EXCLUDE_FROM_REMEDIATION_LABEL),
             "remediation.medik8s.io~1exclude-from-remediation"
         );
+    }
+}
+
+#[cfg(test)]
+mod undone_tests {
+    use super::*;
+    use crate::plan::left_to_hand;
+    use shared::MaintenancePhase::{Pending, Running, Succeeded};
+
+    /// A node in maintenance, then each of a person's steps in turn (seed
+    /// 003's emergency steps): what is reported undone, and whether a
+    /// finished maintenance leaves the node to them.
+    #[test]
+    fn each_step_by_hand_is_named_and_a_finished_maintenance_leaves_it() {
+        let mut n = Node::default();
+        n.metadata.name = Some("n1".into());
+        n.spec = Some(Default::default());
+        let taken = enter_patch(&n).expect("a patch");
+        let mut doc = serde_json::to_value(&n).expect("node json");
+        let patch: json_patch::Patch =
+            serde_json::from_value(Value::Array(taken[1..].to_vec())).expect("ops");
+        json_patch::patch(&mut doc, &patch).expect("applies");
+        let mut n: Node = serde_json::from_value(doc).expect("node");
+        assert!(undone(&n).is_empty(), "in maintenance: nothing undone");
+        let spec = n.spec.get_or_insert_with(Default::default);
+        spec.unschedulable = Some(false);
+        assert_eq!(undone(&n), ["uncordoned"]);
+        let spec = n.spec.get_or_insert_with(Default::default);
+        spec.taints = None;
+        if let Some(l) = n.metadata.labels.as_mut() {
+            l.clear();
+        }
+        assert_eq!(
+            undone(&n),
+            [
+                "uncordoned",
+                "taint medik8s.io/drain:NoSchedule removed",
+                "taint node.kubernetes.io/unschedulable:NoSchedule removed",
+                "label remediation.medik8s.io/exclude-from-remediation removed"
+            ]
+        );
+        let some = ["uncordoned"];
+        for (phase, left) in [
+            (Some(Succeeded), true),
+            (Some(Running), false),
+            (Some(Pending), false),
+            (None, false),
+        ] {
+            assert_eq!(left_to_hand(phase.as_ref(), &some), left, "{phase:?}");
+            assert!(
+                !left_to_hand(phase.as_ref(), &[]),
+                "{phase:?}: nothing undone"
+            );
+        }
     }
 }

@@ -207,6 +207,16 @@ impl ControllerEnv {
             .expect("NodeMaintenance created")
     }
 
+    /// A node of this test (`suffix`) drained by NodeMaintenance `short`
+    /// (phase Succeeded): (its full name, the node's).
+    pub async fn drained(&self, suffix: &str, short: &str) -> (String, String) {
+        let node = self.bed.node(suffix, false).await.expect("node").name_any();
+        let nm = self.n(short);
+        self.create_nm(&nm, &node).await;
+        self.wait_phase(&nm, MaintenancePhase::Succeeded).await;
+        (nm, node)
+    }
+
     /// Wait until the NodeMaintenance satisfies `ok`, printing its status when it never does.
     pub async fn wait_nm(
         &self,

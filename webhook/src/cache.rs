@@ -364,6 +364,7 @@ pub(crate) mod tests {
                 max_concurrent_maintenances: 1,
                 timeout: budget,
                 gates: GateSettings::default(),
+                selector: Default::default(),
             },
             &Readiness::default(),
             &metrics,
@@ -391,6 +392,7 @@ pub(crate) mod tests {
                 max_concurrent_maintenances: 1,
                 timeout: Duration::ZERO,
                 gates: GateSettings::default(),
+                selector: Default::default(),
             },
             &Readiness::default(),
             &metrics,
@@ -416,6 +418,7 @@ pub(crate) mod tests {
             max_concurrent_maintenances: 1,
             timeout: Duration::from_millis(50),
             gates: GateSettings::of(&cli.gates).expect("gates"),
+            selector: Default::default(),
         };
         let metrics = Metrics::new().expect("metrics");
         let caches = Caches::start(

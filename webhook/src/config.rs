@@ -123,6 +123,15 @@ pub struct Config {
     #[arg(long, env = "MAX_CONCURRENT_MAINTENANCES", default_value_t = 1)]
     pub max_concurrent_maintenances: usize,
 
+    /// As the controller's flag, when it handles only some NodeMaintenances
+    /// ("key=value[,key=value]", equality only): the slots and gates of the
+    /// warnings count only the matching ones, and a create that does not
+    /// match gets no queue warning (that controller does not handle it).
+    /// The admission decision itself sees every NodeMaintenance.
+    #[arg(long, env = "NODEMAINTENANCE_SELECTOR", default_value = "", value_name = "LABELS",
+          value_parser = shared::serve::gate_flags::equality_selector)]
+    pub nodemaintenance_selector: shared::serve::gate_flags::Selector,
+
     /// The fleet gates, as the controller's flags (both Deployments carry the
     /// same values): the webhook only warns, on create, that a
     /// NodeMaintenance will not start yet because of one.
@@ -275,6 +284,27 @@ mod tests {
             err.to_string().starts_with("nmo-webhook 0.") && err.to_string().contains("(git "),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_nodemaintenance_selector_scopes_what_the_queue_counts() {
+        let labels = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let all = parse(&[]).nodemaintenance_selector;
+        assert!(all.matches(None), "empty: every NodeMaintenance");
+        let c = parse(&["--nodemaintenance-selector=shard=a,team=ops"]);
+        let s = &c.nodemaintenance_selector;
+        assert!(s.matches(Some(&labels(&[
+            ("shard", "a"),
+            ("team", "ops"),
+            ("x", "y")
+        ]))));
+        assert!(!s.matches(Some(&labels(&[("shard", "a")]))), "every label");
+        assert!(!s.matches(None));
     }
 
     #[test]

@@ -116,6 +116,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
             max_concurrent_maintenances: config.max_concurrent_maintenances,
             timeout: config.warnings_timeout,
             gates: GateSettings::of(&config.gates).map_err(ConfigError::Gates)?,
+            selector: config.nodemaintenance_selector.clone(),
         },
         &readiness,
         &metrics,

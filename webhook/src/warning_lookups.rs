@@ -25,6 +25,7 @@ use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
 use shared::api::consts::{OPENSHIFT_CONFIG_GROUP, OPENSHIFT_CONFIG_VERSION};
 use shared::rules::ttl::TtlCache;
+use shared::serve::gate_flags::Selector;
 use shared::{NodeMaintenance, rules::slots};
 use tokio::time::Instant as Deadline;
 
@@ -53,6 +54,8 @@ pub struct WarningSettings {
     pub timeout: Duration,
     /// The fleet gates, as the controller's flags set them.
     pub gates: GateSettings,
+    /// --nodemaintenance-selector: the NodeMaintenances the queue counts.
+    pub selector: Selector,
 }
 
 /// The caches the warnings read; neither gates readiness.
@@ -135,7 +138,10 @@ impl WarningLookups {
         if max == 0 && !gated {
             return QueueFacts::default();
         }
-        let (me, all) = match entries(maintenances, nm) {
+        if !self.settings.selector.matches(nm.metadata.labels.as_ref()) {
+            return QueueFacts::default();
+        }
+        let (me, all) = match entries(maintenances, nm, &self.settings.selector) {
             Ok(entries) => entries,
             Err(e) => {
                 let what = match (max > 0, gated) {
@@ -314,9 +320,11 @@ type VmiAnswer = (
 
 /// `nm` and every other NodeMaintenance as the slots and the gates count
 /// them: `me` last in `all`, stamped the newest when not stamped yet.
+/// Only those `selector` matches count (--nodemaintenance-selector).
 fn entries(
     maintenances: &Cached<NodeMaintenance>,
     nm: &NodeMaintenance,
+    selector: &Selector,
 ) -> Result<(slots::Entry, Vec<slots::Entry>), Unavailable> {
     let store = maintenances.ready_store()?;
     let mut me = slots::Entry::of(nm);
@@ -327,6 +335,7 @@ fn entries(
     let mut all: Vec<slots::Entry> = store
         .state()
         .iter()
+        .filter(|o| selector.matches(o.metadata.labels.as_ref()))
         .map(|o| slots::Entry::of(o))
         .filter(|e| e.name != me.name)
         .collect();

@@ -22,7 +22,8 @@ mod next;
 pub mod node_conditions;
 pub use next::{
     NodeSeen, Observed, Plan, REQUEUE_NOW, Record, Why, after_drain, after_lease_step,
-    drain_deadline, drain_timeout, first_sight, lease_cause, next, owner_refs,
+    drain_deadline, drain_timeout, first_sight, lease_cause, left_to_hand, left_to_hand_record,
+    next, owner_refs,
 };
 
 /// How soon to come back while pods are leaving on their own.

@@ -31,6 +31,9 @@ pub struct Why {
     /// (the last lease error; lastError keeps upstream's text).
     pub failure_cause: Option<String>,
     pub cordoned: bool,
+    /// A person changed the node after the drain finished: the Cordoned
+    /// condition's message (reason ChangedByHand) saying what.
+    pub by_hand: Option<String>,
     /// Pods KubeVirt is live-migrating away (named in Drained's message).
     pub migrating: usize,
     pub refresh: bool,
@@ -42,6 +45,7 @@ impl Why {
             cause,
             failure_cause: None,
             cordoned,
+            by_hand: None,
             migrating: 0,
             refresh: false,
         }
@@ -354,6 +358,32 @@ pub fn after_lease_step(
             Err(Box::new(write(status, why, None)))
         }
     }
+}
+
+/// Whether a maintenance in `phase` leaves its node to the person who took
+/// `undone` off it ([`crate::node::undone`]): once the drain is done
+/// (Succeeded), a change by hand is reported, not undone, and no pod that
+/// comes back is drained. While it drains, the node is put back into
+/// maintenance, as upstream does on each reconcile.
+pub fn left_to_hand(phase: Option<&MaintenancePhase>, undone: &[&str]) -> bool {
+    phase == Some(&MaintenancePhase::Succeeded) && !undone.is_empty()
+}
+
+/// The record of a finished maintenance left to a person's hands: the
+/// status as it is, Cordoned False saying what changed, a look again after
+/// [`super::REQUEUE_HOLD`] (a node change looks sooner).
+pub fn left_to_hand_record(status: &Status, node: &str, undone: &[&str]) -> Record {
+    let message = format!(
+        "node {node} was changed by hand after its drain finished ({}); the maintenance no \
+         longer puts the cordon, taints or label back nor drains pods that return; delete the \
+         NodeMaintenance to end it (its give-back removes only what is still on the node)",
+        undone.join(", ")
+    );
+    let why = Why {
+        by_hand: Some(message),
+        ..Why::new(Cause::Progress, false)
+    };
+    write(status.clone(), why, Some(super::REQUEUE_HOLD))
 }
 
 /// What to write after a drain round: `status` (the lease step's), the

@@ -109,20 +109,13 @@ async fn maintain(
         Ok(status) => status,
         Err(record) => return Ok(*record),
     };
-    if let Some(ops) = node::enter_patch(node) {
-        let prior = node::notes_prior_cordon(node);
-        patch_node(ctx, &node_name, ops, "put into maintenance").await?;
-        tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, prior_cordon = prior,
-            "node cordoned, tainted and excluded from remediation");
-        if prior {
-            let msg = format!(
-                "node {node_name} was already unschedulable before NodeMaintenance {}; it stays \
-                 cordoned when the maintenance ends (annotation {PRIOR_CORDON_ANNOTATION} on the node)",
-                nm.name_any()
-            );
-            ctx.events.note(nm, EVENT_NODE_WAS_CORDONED, &msg).await;
-        }
+    let undone = node::undone(node);
+    if plan::left_to_hand(status.phase.as_ref(), &undone) {
+        tracing::warn!(nodemaintenance = %nm.name_any(), node = %node_name, undone = ?undone,
+            "node changed by hand after its drain finished: left as it is");
+        return Ok(plan::left_to_hand_record(&status, &node_name, &undone));
     }
+    enter(ctx, nm, node, &node_name).await?;
     let (round, left) = drain_round(ctx, &node_name).await?;
     let mut forced = Vec::new();
     if deadline == Deadline::Passed(DrainTimeoutAction::Force) {
@@ -143,6 +136,27 @@ async fn maintain(
         deadline,
         ctx.blocked_retry,
     ))
+}
+
+/// Put `node` into maintenance when anything of it is missing, noting a
+/// cordon that was there before.
+async fn enter(ctx: &Ctx, nm: &NodeMaintenance, node: &Node, node_name: &str) -> Result<(), Error> {
+    let Some(ops) = node::enter_patch(node) else {
+        return Ok(());
+    };
+    let prior = node::notes_prior_cordon(node);
+    patch_node(ctx, node_name, ops, "put into maintenance").await?;
+    tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, prior_cordon = prior,
+        "node cordoned, tainted and excluded from remediation");
+    if prior {
+        let msg = format!(
+            "node {node_name} was already unschedulable before NodeMaintenance {}; it stays \
+             cordoned when the maintenance ends (annotation {PRIOR_CORDON_ANNOTATION} on the node)",
+            nm.name_any()
+        );
+        ctx.events.note(nm, EVENT_NODE_WAS_CORDONED, &msg).await;
+    }
+    Ok(())
 }
 
 /// Take or renew the node's medik8s lease, and say (in the log) what

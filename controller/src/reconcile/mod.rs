@@ -64,6 +64,9 @@ const EVENT_NODE_WAS_CORDONED: &str = "NodeWasCordoned";
 /// CordonKept (Normal, on the Node): given back but left cordoned, as it
 /// was before its maintenance (in place of UncordonNode).
 const EVENT_CORDON_KEPT: &str = "CordonKept";
+/// NodeChangedByHand (Warning): a person changed the node (uncordoned it,
+/// say) after its drain finished; the maintenance leaves it so.
+const EVENT_NODE_CHANGED_BY_HAND: &str = "NodeChangedByHand";
 /// NodeUpdateRefused (Warning): the API server refused the controller's node
 /// patch (admission policy or webhook); once per refusal, not per retry.
 const EVENT_NODE_UPDATE_REFUSED: &str = "NodeUpdateRefused";

@@ -11,7 +11,10 @@ use serde_json::{Value, json};
 use shared::{MaintenancePhase, NodeMaintenance, NodeMaintenanceStatus};
 
 use super::apply::give_back;
-use super::{Ctx, EVENT_DRAIN_BLOCKED, EVENT_NODE_UPDATE_REFUSED, EVENT_RECONCILE_PANICKED};
+use super::{
+    Ctx, EVENT_DRAIN_BLOCKED, EVENT_NODE_CHANGED_BY_HAND, EVENT_NODE_UPDATE_REFUSED,
+    EVENT_RECONCILE_PANICKED,
+};
 use super::{Error, Requeue};
 use crate::conditions::{self, Cause};
 use crate::plan::{self, NodeSeen, Observed, Record, Why};
@@ -98,6 +101,16 @@ pub(super) async fn write_status(
         nm.metadata.generation,
         &now,
     );
+    if let Some(message) = &why.by_hand {
+        let generation = nm.metadata.generation;
+        conditions::changed_by_hand(
+            &mut new.conditions,
+            &old.conditions,
+            message,
+            generation,
+            &now,
+        );
+    }
     if let Some(cause) = &why.failure_cause {
         conditions::add_failure_cause(&mut new.conditions, cause);
     }
@@ -158,6 +171,11 @@ async fn announce(
     }
     if let Some(blockers) = conditions::drain_blocked_news(&old.conditions, &new.conditions) {
         ctx.events.warn(nm, EVENT_DRAIN_BLOCKED, blockers).await;
+    }
+    if let Some(message) = conditions::by_hand_news(&old.conditions, &new.conditions) {
+        ctx.events
+            .warn(nm, EVENT_NODE_CHANGED_BY_HAND, message)
+            .await;
     }
     if let Some((gate, message)) = conditions::gate_news(&old.conditions, &new.conditions) {
         ctx.events.note(nm, gate.as_str(), message).await;

@@ -73,8 +73,17 @@ pub struct GateFlags {
 #[derive(Debug, Clone, Default)]
 pub struct Selector(pub BTreeMap<String, String>);
 
-/// "key=value[,key=value]" (equality only); empty selects every node.
-fn equality_selector(text: &str) -> Result<Selector, String> {
+impl Selector {
+    /// Whether `labels` carry every key=value of the selector.
+    pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
+        self.0
+            .iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+    }
+}
+
+/// "key=value[,key=value]" (equality only); empty selects everything.
+pub fn equality_selector(text: &str) -> Result<Selector, String> {
     let mut labels = BTreeMap::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (k, v) = part

@@ -940,3 +940,107 @@ async fn stopped_before_its_cache_filled_it_exits_at_once() {
     assert!(status.success(), "a clean exit: {status:?}");
     env.teardown().await;
 }
+
+/// The emergency steps of the design documents (seed 003), in their order,
+/// run while the controller is up: uncordon, remove both taints, remove the
+/// label, remove the finalizer, delete. Once the drain is done the
+/// controller puts nothing back (it did, through its node watch, until
+/// issue 38): the node stays as the person left it, and a Warning event
+/// and the Cordoned condition say what the maintenance no longer keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_emergency_steps_with_the_controller_running_leave_the_node_as_left() {
+    let env = Env::new("hands", 1).await;
+    let (nm, node) = env.drained("worker-1", "kernel").await;
+    let nodes = env.nodes();
+    let pp = PatchParams::default();
+    // kubectl uncordon <node>
+    nodes
+        .patch(
+            &node,
+            &pp,
+            &Patch::Merge(json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .expect("uncordon");
+    let by_hand = env
+        .wait_nm(&nm, "Cordoned False, ChangedByHand", |n| {
+            n.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Cordoned" && c.status == "False" && c.reason == "ChangedByHand"
+                })
+            })
+        })
+        .await;
+    env.wait_event(&nm, "NodeChangedByHand").await;
+    let message = by_hand
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter())
+        .find(|c| c.type_ == "Cordoned")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("uncordoned") && message.contains(&node),
+        "{message}"
+    );
+    // kubectl taint node <node> medik8s.io/drain:NoSchedule- (and the unschedulable one)
+    let current = nodes.get(&node).await.expect("node");
+    let kept: Vec<_> = current
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != "medik8s.io/drain" && t.key != "node.kubernetes.io/unschedulable")
+        .collect();
+    nodes
+        .patch(&node, &pp, &Patch::Merge(json!({"spec": {"taints": kept}})))
+        .await
+        .expect("untaint");
+    // kubectl label node <node> remediation.medik8s.io/exclude-from-remediation-
+    let label = "remediation.medik8s.io/exclude-from-remediation";
+    nodes
+        .patch(
+            &node,
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {label: null}}})),
+        )
+        .await
+        .expect("unlabel");
+    // kubectl patch nm <nm> -p '{"metadata":{"finalizers":[]}}' --type=merge; kubectl delete nm <nm>
+    env.nms()
+        .patch(
+            &nm,
+            &pp,
+            &Patch::Merge(json!({"metadata": {"finalizers": []}})),
+        )
+        .await
+        .expect("finalizer removed");
+    env.nms()
+        .delete(&nm, &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.wait_gone(&nm).await;
+    stays(
+        "the node as the person left it",
+        Duration::from_secs(5),
+        || async {
+            let n = nodes.get(&node).await.map_err(|e| e.to_string())?;
+            let labelled = n
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(label));
+            let taints = node_taint_keys(&n);
+            let ours = taints.iter().any(|t| t == "medik8s.io/drain");
+            if is_cordoned(&n) || ours || labelled {
+                return Err(format!(
+                    "put back: cordoned {}, taints {taints:?}, label {labelled}",
+                    is_cordoned(&n)
+                ));
+            }
+            Ok(())
+        },
+    )
+    .await;
+    env.teardown().await;
+}

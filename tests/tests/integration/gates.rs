@@ -31,7 +31,12 @@ pub struct Gated {
 
 impl Gated {
     pub async fn new(prefix: &str, gate_flags: &[&str]) -> Gated {
-        let mut env = Env::new(prefix, 0).await;
+        Gated::with_slots(prefix, 0, gate_flags).await
+    }
+
+    /// [`Gated::new`] with `--max-concurrent-maintenances=max` on both.
+    pub async fn with_slots(prefix: &str, max: usize, gate_flags: &[&str]) -> Gated {
+        let mut env = Env::new(prefix, max).await;
         let mut flags: Vec<String> = gate_flags.iter().map(|f| f.to_string()).collect();
         flags.push(format!(
             "--fleet-node-selector={GROUP_KEY}={}",
@@ -45,7 +50,10 @@ impl Gated {
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
         let mut webhook_flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        webhook_flags.extend(["--warnings-timeout=5s", "--max-concurrent-maintenances=0"]);
+        // The webhook counts what the controller counts: this test's own.
+        let slots = format!("--max-concurrent-maintenances={max}");
+        let mine = format!("--nodemaintenance-selector={GROUP_KEY}={}", env.bed.group);
+        webhook_flags.extend(["--warnings-timeout=5s", slots.as_str(), mine.as_str()]);
         let webhook = TestWebhook::start(&client, &env.bed.group, &webhook_flags).await;
         webhook.register(&client, &env.bed.group).await;
         Gated {
@@ -252,6 +260,38 @@ async fn one_maintenance_per_zone() {
     g.delete("a1").await;
     g.wait_phase("a2", MaintenancePhase::Succeeded).await;
     g.wait_waiting("zone_budget", 0.0).await;
+    g.teardown().await;
+}
+
+/// The webhook's warning is the controller's own decision
+/// (`shared::rules::slots::turn`): two slots, one maintenance per zone; m1
+/// holds zone a (and a slot), m2 of zone a waits for its zone and so takes
+/// no slot; m3 in zone b starts at once, and its create is warned of no
+/// wait (the webhook used to count m2 ahead of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_warning_and_the_controller_agree_with_slots_and_a_zone_budget() {
+    let g = Gated::with_slots("gate-agree", 2, &["--max-concurrent-per-zone=1"]).await;
+    let a1 = g.node("a1", "a", false).await;
+    let a2 = g.node("a2", "a", false).await;
+    let b1 = g.node("b1", "b", false).await;
+    g.create("m1", &a1).await;
+    g.wait_phase("m1", MaintenancePhase::Succeeded).await;
+    let held = g.create("m2", &a2).await;
+    let line = gate_warning(&held, "ZoneBudget");
+    assert!(
+        !held.iter().any(|w| w.contains("will wait:")),
+        "m2 waits for its zone, not a slot: {held:?}"
+    );
+    g.wait_held("m2", "ZoneBudget").await;
+    let free = g.create("m3", &b1).await;
+    assert!(
+        !free
+            .iter()
+            .any(|w| w.contains("will wait:") || w.contains("will not start yet")),
+        "m3 starts at once, so no wait is warned of: {free:?}"
+    );
+    g.wait_phase("m3", MaintenancePhase::Succeeded).await;
+    println!("m2 warned: {line}; m3 warned of no wait and started");
     g.teardown().await;
 }
 

@@ -1535,15 +1535,7 @@ async fn setup_lease_held_by_other() -> Scenario {
 /// maintenance (it otherwise renews every 30 min), as time would.
 async fn setup_lease_lost() -> Scenario {
     let env = ControllerEnv::new("ts-lost", 1).await;
-    let node = env
-        .bed
-        .node("worker-1", false)
-        .await
-        .expect("node")
-        .name_any();
-    let nm = env.n("kernel");
-    env.create_nm(&nm, &node).await;
-    env.wait_phase(&nm, MaintenancePhase::Succeeded).await;
+    let (nm, node) = env.drained("worker-1", "kernel").await;
     Api::<Lease>::namespaced(env.client(), "medik8s-leases")
         .patch(
             &format!("node-{node}"),

@@ -366,3 +366,53 @@ async fn a_refused_node_patch_is_recorded_and_retried() {
     );
     assert_eq!(phase(&api), "Running", "retried, not failed");
 }
+
+/// A person uncordons the node of a Succeeded maintenance: the pass puts
+/// nothing back and drains nothing (no node patch, no pod list), marks
+/// Cordoned False/ChangedByHand and says so once; while draining the cordon
+/// is re-asserted instead (the first passes above).
+#[tokio::test]
+async fn a_finished_maintenance_leaves_a_node_changed_by_hand_alone() {
+    let api = FakeApi::start();
+    api.put(NODE_PATH, fake::node("worker-1"));
+    let ctx = fake_ctx(&api).await;
+    started(&api, &ctx).await;
+    pass(&api, &ctx).await.expect("the drain round");
+    assert_eq!(phase(&api), "Succeeded", "no pods: drained at once");
+    api.calls();
+    api.events();
+    // kubectl uncordon worker-1 (kube-controller-manager then drops the unschedulable taint).
+    let mut node = api.get(NODE_PATH).unwrap_or_default();
+    node["spec"]["unschedulable"] = json!(false);
+    node["spec"]["taints"] = json!([{"key": "medik8s.io/drain", "effect": "NoSchedule"}]);
+    node["metadata"]["resourceVersion"] = json!("900");
+    api.put(NODE_PATH, node.clone());
+    // The node watch delivers the change to the controller's node cache.
+    let view: shared::kube::partial::NodeView =
+        serde_json::from_value(node).expect("the node as watched");
+    ctx.node_cache
+        .observe(&kube::runtime::watcher::Event::Apply(view));
+    let action = pass(&api, &ctx).await.expect("the pass after the uncordon");
+    assert_eq!(action, Action::requeue(crate::plan::REQUEUE_HOLD));
+    let made = calls(&api);
+    assert!(
+        !made
+            .iter()
+            .any(|c| c == &format!("PATCH {NODE_PATH}") || c.starts_with("GET /api/v1/pods")),
+        "nothing put back, nothing drained: {made:?}"
+    );
+    assert!(!node_unschedulable(&api), "left uncordoned");
+    let st = api.status();
+    assert_eq!(st["phase"], "Succeeded");
+    assert_eq!(
+        fake::condition(&st, "Cordoned"),
+        Some(("False".into(), "ChangedByHand".into()))
+    );
+    assert_eq!(
+        api.events(),
+        [("Warning".into(), "NodeChangedByHand".into())]
+    );
+    // Another pass with nothing new: no second event.
+    pass(&api, &ctx).await.expect("a later pass");
+    assert_eq!(api.events(), Vec::<(String, String)>::new(), "said once");
+}
