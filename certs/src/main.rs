@@ -145,28 +145,7 @@ fn run(command: Command) -> Result<(), CertError> {
             }
             let ca = load_or_create_ca(&ca_dir, &ca_cn, ca_days)?;
             let cert = ca.issue_serving(&dns, &ip, DAY * days)?;
-            let names: &[&str] = match layout {
-                Layout::Kubelet => {
-                    certs::write_serving_set(&out, &ca, &cert)?;
-                    &[TLS_CRT, TLS_KEY, CA_CRT]
-                }
-                Layout::Olm => {
-                    certs::write_olm_set(&out, &cert)?;
-                    &[OLM_CRT, OLM_KEY]
-                }
-                Layout::Plain => {
-                    certs::write_plain_files(&out, &certs::serving_files(&ca, &cert))?;
-                    &[TLS_CRT, TLS_KEY, CA_CRT]
-                }
-            };
-            let how = match layout {
-                Layout::Kubelet | Layout::Olm => " (kubelet layout, via ..data)",
-                Layout::Plain => "",
-            };
-            for name in names {
-                println!("wrote {}{how}", out.join(name).display());
-            }
-            Ok(())
+            write_serving(&out, &ca, &cert, layout)
         }
         Command::CaBundle { ca_dir } => {
             let path = ca_dir.join(CA_CRT);
@@ -184,6 +163,37 @@ fn run(command: Command) -> Result<(), CertError> {
             Ok(())
         }
     }
+}
+
+/// Write `cert` (issued by `ca`) into `out` in `layout`, saying each file.
+fn write_serving(
+    out: &Path,
+    ca: &Ca,
+    cert: &certs::ServingCert,
+    layout: Layout,
+) -> Result<(), CertError> {
+    let names: &[&str] = match layout {
+        Layout::Kubelet => {
+            certs::write_serving_set(out, ca, cert)?;
+            &[TLS_CRT, TLS_KEY, CA_CRT]
+        }
+        Layout::Olm => {
+            certs::write_olm_set(out, cert)?;
+            &[OLM_CRT, OLM_KEY]
+        }
+        Layout::Plain => {
+            certs::write_plain_files(out, &certs::serving_files(ca, cert))?;
+            &[TLS_CRT, TLS_KEY, CA_CRT]
+        }
+    };
+    let how = match layout {
+        Layout::Kubelet | Layout::Olm => " (kubelet layout, via ..data)",
+        Layout::Plain => "",
+    };
+    for name in names {
+        println!("wrote {}{how}", out.join(name).display());
+    }
+    Ok(())
 }
 
 fn create_ca(dir: &Path, cn: &str, days: u32) -> Result<Ca, CertError> {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::watcher;
@@ -15,14 +15,12 @@ use shared::kube::partial;
 use shared::rules::gates::{self, AlertsSeen, GateDecision, Gates, NodeView};
 use shared::rules::slots::Entry;
 use shared::rules::sync::LockExt;
-use shared::serve::alert_source::AlertSource;
+use shared::serve::alert_source::{AlertSource, QUERY_TIMEOUT};
+use shared::serve::recent::RecentAnswer;
 
-/// How long an answer about the alerts is used (and how often a maintenance
-/// held by them looks again).
-pub const ALERTS_TTL: Duration = Duration::from_secs(5);
-/// The longest a maintenance outside every window sleeps before it looks
-/// again (the clock or the flags may have changed meanwhile).
-const WINDOW_RECHECK_MAX: Duration = Duration::from_secs(3600);
+/// How long an answer about the alerts is used (the rules' one age for
+/// both services; also how often a maintenance held by them looks again).
+pub const ALERTS_TTL: Duration = gates::ANSWER_FRESH_FOR;
 
 pub struct Fleet {
     pub gates: Gates,
@@ -50,8 +48,8 @@ struct Nodes {
 
 struct Alerts {
     source: AlertSource,
-    /// The last answer and when it was read; one read at a time.
-    last: tokio::sync::Mutex<Option<(Instant, AlertsSeen)>>,
+    /// The last answer, read by one task at a time (as the webhook's).
+    last: Arc<RecentAnswer<AlertsSeen>>,
 }
 
 impl Fleet {
@@ -61,7 +59,7 @@ impl Fleet {
         let alerts = match &gates.alerts {
             Some(gate) => Some(Alerts {
                 source: AlertSource::new(&gate.url)?,
-                last: tokio::sync::Mutex::new(None),
+                last: Arc::new(RecentAnswer::new(ALERTS_TTL)),
             }),
             None => None,
         };
@@ -81,7 +79,7 @@ impl Fleet {
         if !self.gates.needs_nodes() {
             return false;
         }
-        let view = |n: &partial::NodeView| NodeView::of_watched(n, &self.gates.zone_label);
+        let view = |n: &partial::NodeView| n.gate_view(&self.gates.zone_label);
         let counts = |n: &partial::NodeView| self.gates.counts_node(n.metadata.labels.as_ref());
         let mut nodes = self.nodes.locked();
         let changed = match event {
@@ -147,21 +145,26 @@ impl Fleet {
         let Some(alerts) = &self.alerts else {
             return AlertsSeen::NotRead;
         };
-        let mut last = alerts.last.lock().await;
-        if let Some((at, seen)) = last.as_ref()
-            && at.elapsed() < ALERTS_TTL
-        {
-            return seen.clone();
-        }
-        let seen = match alerts.source.alerts().await {
-            Ok(list) => AlertsSeen::Read(list),
-            Err(e) => {
-                tracing::warn!(url = %alerts.source.url(), error = %e, "could not read the alerts: no maintenance starts until they can be read (--block-on-alerts-url)");
-                AlertsSeen::Failed(e)
+        let source = alerts.source.clone();
+        let fetch = async move {
+            match source.alerts().await {
+                Ok(list) => AlertsSeen::Read(list),
+                Err(e) => {
+                    tracing::warn!(url = %source.url(), error = %e, "could not read the alerts: no maintenance starts until they can be read (--block-on-alerts-url)");
+                    AlertsSeen::Failed(e)
+                }
             }
         };
-        *last = Some((Instant::now(), seen.clone()));
-        seen
+        // The fetch is bounded by the source's own query timeout; this only
+        // keeps a decision from waiting on a fetch that never ends.
+        let deadline = tokio::time::Instant::now() + 2 * QUERY_TIMEOUT;
+        alerts.last.get(deadline, fetch).await.unwrap_or_else(|| {
+            AlertsSeen::Failed(format!(
+                "{}: no answer within {:?}",
+                alerts.source.url(),
+                2 * QUERY_TIMEOUT
+            ))
+        })
     }
 
     /// A judge of one decision: the nodes as watched now, `alerts` as
@@ -240,20 +243,10 @@ pub struct Held {
     pub requeue: Duration,
 }
 
-/// When a maintenance held for `reason` looks again: at the next window's
-/// start (at most an hour away), after [`ALERTS_TTL`] for the alerts, and
-/// as a slot wait does for the others (node and maintenance changes also
-/// wake it).
+/// When a maintenance held for `reason` looks again (the rule's
+/// [`gates::look_again_after`], with a slot wait's look as the backstop).
 pub fn recheck_after(gates: &Gates, reason: gates::GateReason, now: Timestamp) -> Duration {
-    match reason {
-        gates::GateReason::OutsideWindow => gates::next_window_start(gates, now)
-            .and_then(|at| Duration::try_from(at.duration_since(now)).ok())
-            .map_or(WINDOW_RECHECK_MAX, |d| {
-                (d + Duration::from_millis(100)).min(WINDOW_RECHECK_MAX)
-            }),
-        gates::GateReason::AlertsFiring => ALERTS_TTL,
-        _ => crate::plan::REQUEUE_PENDING,
-    }
+    gates::look_again_after(gates, reason, now, crate::plan::REQUEUE_PENDING)
 }
 
 #[cfg(test)]

@@ -95,17 +95,7 @@ fn lean_node(meta: &ObjectMeta, unschedulable: Option<bool>, taints: Option<Vec<
     }
 }
 
-/// A node reduced to what the controller reads.
-fn trimmed(node: &Node) -> Node {
-    let spec = node.spec.as_ref();
-    lean_node(
-        &node.metadata,
-        spec.and_then(|s| s.unschedulable),
-        spec.and_then(|s| s.taints.clone()),
-    )
-}
-
-/// The node as the watch decoded it, in the type the decisions take.
+/// The node as the watch decoded it, reduced as [`lean_node`] does.
 fn from_view(view: &NodeView) -> Node {
     let spec = view.spec.as_ref();
     lean_node(
@@ -144,7 +134,12 @@ impl NodeCache {
         let Some(name) = node.metadata.name.clone() else {
             return;
         };
-        let node = trimmed(node);
+        let spec = node.spec.as_ref();
+        let node = lean_node(
+            &node.metadata,
+            spec.and_then(|s| s.unschedulable),
+            spec.and_then(|s| s.taints.clone()),
+        );
         let written = node.metadata.resource_version.clone();
         let mut m = self.lock();
         match m.get_mut(&name) {

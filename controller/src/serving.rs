@@ -5,7 +5,7 @@
 
 use anyhow::Context as _;
 use kube::Client;
-use shared::serve::probes::{Readiness, bind_and_serve, probe_router};
+use shared::serve::probes::{Readiness, spawn_probes};
 use shared::serve::telemetry::parse_bind_address;
 
 use crate::config::Config;
@@ -14,14 +14,7 @@ use crate::metrics::Metrics;
 pub async fn probes(cfg: &Config, readiness: &Readiness) -> anyhow::Result<()> {
     let flag = "--health-probe-bind-address";
     if let Some(addr) = parse_bind_address(flag, &cfg.runtime.health_probe_bind_address)? {
-        let serving = bind_and_serve(
-            "probes",
-            addr,
-            probe_router(readiness.clone()),
-            std::future::pending(),
-        )
-        .await?;
-        tokio::spawn(serving);
+        spawn_probes(addr, readiness).await?;
     }
     Ok(())
 }

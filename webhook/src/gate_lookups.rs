@@ -22,9 +22,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
@@ -32,17 +31,16 @@ use kube::{Api, Client};
 use shared::kube::partial::NodeView as WatchedNode;
 use shared::rules::gates::{self, AlertsSeen, GateDecision, GateReason, Gates, NodeView, Observed};
 use shared::rules::slots::{self, Entry, SlotDecision};
-use shared::rules::sync::LockExt;
-use shared::rules::ttl::TtlCache;
 use shared::serve::alert_source::AlertSource;
 use shared::serve::gate_flags::GateFlags;
-use tokio::sync::Notify;
+use shared::serve::recent::RecentAnswer;
 use tokio::time::Instant as Deadline;
 
-/// How long a fetched answer (the nodes, the alerts) is used.
-pub const FRESH_FOR: Duration = Duration::from_secs(5);
+/// How long a fetched answer (the nodes, the alerts) is used: the
+/// controller's, so both decide on answers of the same age.
+pub const FRESH_FOR: Duration = gates::ANSWER_FRESH_FOR;
 /// Bound of one fetch (the alert source bounds its query by the same).
-pub const FETCH_BOUND: Duration = Duration::from_secs(5);
+pub const FETCH_BOUND: Duration = shared::serve::alert_source::QUERY_TIMEOUT;
 /// Nodes per LIST page: memory stays bounded whatever the cluster's size.
 const NODE_PAGE: u32 = 100;
 /// The gates that need the nodes, as the "not checked" line names them.
@@ -176,8 +174,8 @@ impl GateLookups {
             client,
             settings,
             budget,
-            nodes: Arc::new(RecentAnswer::new()),
-            alerts: Arc::new(RecentAnswer::new()),
+            nodes: Arc::new(RecentAnswer::new(FRESH_FOR)),
+            alerts: Arc::new(RecentAnswer::new(FRESH_FOR)),
         }
     }
 
@@ -267,73 +265,11 @@ async fn list_selected(
     let mut views = Vec::new();
     loop {
         let page = api.list(&params).await.map_err(|e| e.to_string())?;
-        views.extend(
-            page.items
-                .into_iter()
-                .map(|n| NodeView::of_watched(&n, &zone_label)),
-        );
+        views.extend(page.items.into_iter().map(|n| n.gate_view(&zone_label)));
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => return Ok(Arc::new(views)),
         }
-    }
-}
-
-/// The last answer of one lookup, kept for [`FRESH_FOR`]. A caller finding
-/// none starts the fetch in a task of its own (unless one runs) and waits
-/// for it until its own deadline; the answer serves whoever asks next.
-pub(crate) struct RecentAnswer<T> {
-    answer: Mutex<TtlCache<(), T>>,
-    running: AtomicBool,
-    done: Notify,
-}
-
-impl<T: Clone + Send + 'static> RecentAnswer<T> {
-    pub fn new() -> Self {
-        RecentAnswer {
-            answer: Mutex::new(TtlCache::new(1)),
-            running: AtomicBool::new(false),
-            done: Notify::new(),
-        }
-    }
-
-    fn fresh(&self) -> Option<T> {
-        self.answer.locked().get(&(), Instant::now()).cloned()
-    }
-
-    /// The kept answer, else the one `fetch` (or a fetch under way) gives by
-    /// `deadline`; `None` when none came in time.
-    pub async fn get<F>(self: &Arc<Self>, deadline: Deadline, fetch: F) -> Option<T>
-    where
-        F: Future<Output = T> + Send + 'static,
-    {
-        // Registered before looking, so a fetch ending meanwhile wakes it.
-        let done = self.done.notified();
-        if let Some(answer) = self.fresh() {
-            return Some(answer);
-        }
-        if !self.running.swap(true, Ordering::AcqRel) {
-            let me = self.clone();
-            tokio::spawn(async move {
-                let _running = Running(&me);
-                let answer = fetch.await;
-                me.answer
-                    .locked()
-                    .insert((), answer, FRESH_FOR, Instant::now());
-            });
-        }
-        let _ = tokio::time::timeout_at(deadline, done).await;
-        self.fresh()
-    }
-}
-
-/// Marks the fetch of a [`RecentAnswer`] ended, even when it panicked.
-struct Running<'a, T>(&'a RecentAnswer<T>);
-
-impl<T> Drop for Running<'_, T> {
-    fn drop(&mut self) {
-        self.0.running.store(false, Ordering::Release);
-        self.0.done.notify_waiters();
     }
 }
 

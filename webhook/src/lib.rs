@@ -31,7 +31,7 @@ use std::time::Duration;
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use shared::serve::metrics_server::{self, MetricsServeError, MetricsServing};
-use shared::serve::probes::{Readiness, ServeError, bind_and_serve, probe_router};
+use shared::serve::probes::{Readiness, ServeError, spawn_probes};
 
 use crate::config::{Config, ConfigError};
 use crate::gate_lookups::GateSettings;
@@ -155,14 +155,7 @@ async fn serve_probes_and_metrics(
     // Probes and metrics keep answering until the process exits, so /readyz
     // reports "shutting down" while in-flight reviews finish.
     if let Some(addr) = probes {
-        let serving = bind_and_serve(
-            "health probes",
-            addr,
-            probe_router(readiness.clone()),
-            std::future::pending(),
-        )
-        .await?;
-        tokio::spawn(serving);
+        spawn_probes(addr, readiness).await?;
     }
     if let Some(serving) = MetricsServing::from_flags(&config.runtime, metrics_server_names())
         .map_err(ConfigError::from)?

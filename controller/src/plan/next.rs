@@ -187,20 +187,22 @@ fn write(status: Status, why: Why, requeue: Option<Duration>) -> Record {
     }
 }
 
-fn next_apply(seen: &Observed, allow_force: bool) -> Plan {
-    let status = seen.status();
-    let first_sight = match &seen.admission {
-        Admission::Final => return Plan::Nothing,
+/// The admission's answer: go on (with whether this is the first sight),
+/// or the plan that ends this pass (final, a failure, a wait).
+fn admitted(admission: &Admission) -> Result<bool, Box<Plan>> {
+    match admission {
+        Admission::Final => Err(Box::new(Plan::Nothing)),
         Admission::Fail(st) => {
-            return Plan::Write(write(
-                st.clone(),
-                Why::new(Cause::DuplicateMaintenance, false),
-                None,
-            ));
+            let why = Why::new(Cause::DuplicateMaintenance, false);
+            Err(Box::new(Plan::Write(write(st.clone(), why, None))))
         }
         Admission::Wait(st) => {
             let why = Why::new(Cause::WaitingForSlot, false);
-            return Plan::Write(write(st.clone(), why, Some(REQUEUE_PENDING)));
+            Err(Box::new(Plan::Write(write(
+                st.clone(),
+                why,
+                Some(REQUEUE_PENDING),
+            ))))
         }
         Admission::Gated {
             status,
@@ -208,9 +210,21 @@ fn next_apply(seen: &Observed, allow_force: bool) -> Plan {
             requeue,
         } => {
             let why = Why::new(Cause::Gate(*reason), false);
-            return Plan::Write(write(status.clone(), why, Some(*requeue)));
+            Err(Box::new(Plan::Write(write(
+                status.clone(),
+                why,
+                Some(*requeue),
+            ))))
         }
-        Admission::Proceed { first_sight } => *first_sight,
+        Admission::Proceed { first_sight } => Ok(*first_sight),
+    }
+}
+
+fn next_apply(seen: &Observed, allow_force: bool) -> Plan {
+    let status = seen.status();
+    let first_sight = match admitted(&seen.admission) {
+        Ok(first_sight) => first_sight,
+        Err(plan) => return *plan,
     };
     let node = match &seen.node {
         NodeSeen::Present(node) => node,

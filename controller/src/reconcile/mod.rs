@@ -122,7 +122,11 @@ async fn guarded(nm: &NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
         Ok(Err(payload)) => {
             let name = nm.name_any();
             let deleting = nm.metadata.deletion_timestamp.is_some();
-            let text = plan::msg_internal_error(&name, &panic_message(payload.as_ref()), deleting);
+            let text = plan::msg_internal_error(
+                &name,
+                shared::serve::panic_log::payload_text(payload.as_ref()),
+                deleting,
+            );
             tracing::error!(nodemaintenance = %name, node = %nm.spec.node_name, error = %text,
                 "reconcile panicked: recording it on the object");
             record::record_panic(ctx, nm, &text).await;
@@ -193,16 +197,6 @@ async fn step(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
             Err(e)
         }
     }
-}
-
-/// The text of a panic's payload (`panic!` with a message gives a `&str`
-/// or a `String`).
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 pub fn error_policy(nm: Arc<NodeMaintenance>, err: &Error, ctx: Arc<Ctx>) -> Action {

@@ -151,6 +151,17 @@ pub struct NodeView {
 }
 
 impl NodeView {
+    /// This node as the fleet gates see it (`--zone-label` names the zone).
+    pub fn gate_view(&self, zone_label: &str) -> crate::rules::gates::NodeView {
+        let unschedulable = self.spec.as_ref().and_then(|s| s.unschedulable);
+        crate::rules::gates::NodeView::from_parts(
+            &self.metadata,
+            self.ready(),
+            unschedulable,
+            zone_label,
+        )
+    }
+
     /// Condition Ready is True (False, Unknown or missing: not ready).
     pub fn ready(&self) -> bool {
         self.status

@@ -51,20 +51,7 @@ pub fn parse(value: &str) -> Result<Duration, String> {
         let unit_len = rest
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(rest.len());
-        let unit: u64 = match &rest[..unit_len] {
-            "" => return Err(bad("a number without a unit")),
-            "ns" => 1,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60 * 1_000_000_000,
-            "h" => 3_600 * 1_000_000_000,
-            other => {
-                return Err(bad(&format!(
-                    "unknown unit {other:?} (ns, us, ms, s, m, h)"
-                )));
-            }
-        };
+        let unit = unit_nanos(&rest[..unit_len]).map_err(|why| bad(&why))?;
         rest = &rest[unit_len..];
         let mut n = whole
             .checked_mul(unit)
@@ -83,6 +70,20 @@ pub fn parse(value: &str) -> Result<Duration, String> {
             .ok_or_else(too_long)?;
     }
     Ok(Duration::from_nanos(total))
+}
+
+/// Nanoseconds per `unit` (Go's units), or why it is not one.
+fn unit_nanos(unit: &str) -> Result<u64, String> {
+    Ok(match unit {
+        "" => return Err("a number without a unit".to_string()),
+        "ns" => 1,
+        "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60 * 1_000_000_000,
+        "h" => 3_600 * 1_000_000_000,
+        other => return Err(format!("unknown unit {other:?} (ns, us, ms, s, m, h)")),
+    })
 }
 
 /// The leading decimal integer of `s`, the rest, and whether there was a

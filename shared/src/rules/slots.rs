@@ -12,7 +12,6 @@
 
 use crate::rules::sync::LockExt;
 use crate::{MaintenancePhase, NodeMaintenance};
-use kube::ResourceExt;
 
 /// What the slot logic needs to know about one NodeMaintenance.
 #[derive(Debug, Clone)]
@@ -29,7 +28,7 @@ impl Entry {
     /// The one place a NodeMaintenance becomes a slot entry.
     pub fn of(nm: &NodeMaintenance) -> Entry {
         Entry {
-            name: nm.name_any(),
+            name: nm.metadata.name.clone().unwrap_or_default(),
             node: nm.spec.node_name.clone(),
             created: nm
                 .metadata

@@ -19,7 +19,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 
-use crate::rules::gates::{self, Alert};
+use crate::rules::gates::Alert;
 
 /// The labels of one alert.
 pub type Labels = BTreeMap<String, String>;
@@ -116,13 +116,63 @@ impl AlertSource {
     }
 }
 
-/// The alerts in a Prometheus `/api/v1/alerts` answer (the gate's own
-/// parser) or an Alertmanager `/api/v2/alerts` one (an array; an `active`
-/// alert counts as firing).
+/// The alerts in a Prometheus `/api/v1/alerts` answer (an object) or an
+/// Alertmanager `/api/v2/alerts` one (an array).
 pub fn parse_alerts(body: &[u8]) -> Result<Vec<Alert>, String> {
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'[') {
-        return gates::parse_alerts(body);
+        return parse_prometheus(body);
     }
+    parse_alertmanager(body)
+}
+
+/// Prometheus' `GET /api/v1/alerts`: `data.alerts[]`, each `firing` or
+/// `pending`; a `status` other than `success` is an error.
+fn parse_prometheus(body: &[u8]) -> Result<Vec<Alert>, String> {
+    let response: PromResponse =
+        serde_json::from_slice(body).map_err(|e| format!("not a Prometheus alerts answer: {e}"))?;
+    if response.status != "success" {
+        return Err(format!(
+            "Prometheus answered status {:?}: {}",
+            response.status,
+            response.error.unwrap_or_default()
+        ));
+    }
+    let alerts = response.data.map(|d| d.alerts).unwrap_or_default();
+    Ok(alerts
+        .into_iter()
+        .map(|a| Alert {
+            labels: a.labels,
+            state: a.state,
+        })
+        .collect())
+}
+
+#[derive(Deserialize)]
+struct PromResponse {
+    status: String,
+    #[serde(default)]
+    data: Option<PromData>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PromData {
+    #[serde(default)]
+    alerts: Vec<PromAlert>,
+}
+
+#[derive(Deserialize)]
+struct PromAlert {
+    #[serde(default)]
+    labels: Labels,
+    #[serde(default)]
+    state: String,
+}
+
+/// Alertmanager's `GET /api/v2/alerts`: an array; an `active` alert counts
+/// as firing.
+fn parse_alertmanager(body: &[u8]) -> Result<Vec<Alert>, String> {
     let items: Vec<AmAlert> = serde_json::from_slice(body)
         .map_err(|e| format!("not an Alertmanager alerts answer: {e}"))?;
     Ok(items
@@ -244,5 +294,37 @@ mod tests {
             e.contains(&format!("127.0.0.1:{port}/api/v1/alerts")),
             "{e}"
         );
+    }
+
+    #[test]
+    fn prometheus_answers_are_read() {
+        let ok = br#"{"status":"success","data":{"alerts":[
+            {"labels":{"alertname":"Watchdog","severity":"none"},"annotations":{},
+             "state":"firing","activeAt":"2026-12-12T00:00:00Z","value":"1e+00"}]}}"#;
+        let cases: [(&str, &[u8], Result<usize, &str>); 5] = [
+            ("one alert", ok, Ok(1)),
+            (
+                "none",
+                br#"{"status":"success","data":{"alerts":[]}}"#,
+                Ok(0),
+            ),
+            ("no data", br#"{"status":"success"}"#, Ok(0)),
+            (
+                "an error answer",
+                br#"{"status":"error","errorType":"bad_data","error":"boom"}"#,
+                Err("status \"error\": boom"),
+            ),
+            ("not json", b"<html>", Err("not a Prometheus alerts answer")),
+        ];
+        for (case, body, want) in cases {
+            match (parse_alerts(body), want) {
+                (Ok(alerts), Ok(n)) => assert_eq!(alerts.len(), n, "{case}"),
+                (Err(e), Err(w)) => assert!(e.contains(w), "{case}: {e}"),
+                (got, want) => panic!("{case}: got {got:?}, want {want:?}"),
+            }
+        }
+        let alerts = parse_alerts(ok).expect("parses");
+        assert_eq!(alerts[0].state, "firing");
+        assert_eq!(alerts[0].labels["alertname"], "Watchdog");
     }
 }

@@ -187,42 +187,18 @@ impl Authorizer {
             k
         };
 
-        let cached = self.users.locked().get(&key, now).cloned();
-        let authn = match cached {
-            Some(a) => a,
-            None => match self.reviews.authenticate(token).await {
-                Ok(a) => {
-                    let ttl = match a {
-                        Authn::User(_) => self.ttls.authenticated,
-                        Authn::Rejected(_) => self.ttls.rejected,
-                    };
-                    self.users.locked().insert(key, a.clone(), ttl, now);
-                    a
-                }
-                Err(e) => return Verdict::Failed(e),
-            },
+        let authn = match self.authenticated(token, key, now).await {
+            Ok(a) => a,
+            Err(e) => return Verdict::Failed(e),
         };
         let user = match authn {
             Authn::User(u) => u,
             Authn::Rejected(reason) => return Verdict::Unauthorized(reason),
         };
 
-        let dkey = (key, path.to_string(), verb.to_string());
-        let cached = self.decisions.locked().get(&dkey, now).cloned();
-        let authz = match cached {
-            Some(a) => a,
-            None => match self.reviews.authorize(&user, path, verb).await {
-                Ok(a) => {
-                    let ttl = if a.allowed {
-                        self.ttls.allowed
-                    } else {
-                        self.ttls.denied
-                    };
-                    self.decisions.locked().insert(dkey, a.clone(), ttl, now);
-                    a
-                }
-                Err(e) => return Verdict::Failed(e),
-            },
+        let authz = match self.authorized(&user, key, path, verb, now).await {
+            Ok(a) => a,
+            Err(e) => return Verdict::Failed(e),
         };
         if authz.allowed {
             Verdict::Allowed
@@ -232,6 +208,48 @@ impl Authorizer {
                 reason: authz.reason,
             }
         }
+    }
+
+    /// Who `token` is (a TokenReview, or the answer kept for its hash).
+    async fn authenticated(
+        &self,
+        token: &str,
+        key: TokenHash,
+        now: Instant,
+    ) -> Result<Authn, ReviewError> {
+        if let Some(a) = self.users.locked().get(&key, now).cloned() {
+            return Ok(a);
+        }
+        let a = self.reviews.authenticate(token).await?;
+        let ttl = match a {
+            Authn::User(_) => self.ttls.authenticated,
+            Authn::Rejected(_) => self.ttls.rejected,
+        };
+        self.users.locked().insert(key, a.clone(), ttl, now);
+        Ok(a)
+    }
+
+    /// Whether `user` may `verb` `path` (a SubjectAccessReview, or the answer kept).
+    async fn authorized(
+        &self,
+        user: &UserInfo,
+        key: TokenHash,
+        path: &str,
+        verb: &str,
+        now: Instant,
+    ) -> Result<Authz, ReviewError> {
+        let dkey = (key, path.to_string(), verb.to_string());
+        if let Some(a) = self.decisions.locked().get(&dkey, now).cloned() {
+            return Ok(a);
+        }
+        let a = self.reviews.authorize(user, path, verb).await?;
+        let ttl = if a.allowed {
+            self.ttls.allowed
+        } else {
+            self.ttls.denied
+        };
+        self.decisions.locked().insert(dkey, a.clone(), ttl, now);
+        Ok(a)
     }
 }
 

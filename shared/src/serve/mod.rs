@@ -12,6 +12,7 @@ pub mod metrics_auth;
 pub mod metrics_server;
 pub mod panic_log;
 pub mod probes;
+pub mod recent;
 pub mod series;
 pub mod shutdown;
 pub mod telemetry;

@@ -174,6 +174,21 @@ pub async fn bind_and_serve(
     })
 }
 
+/// Serve the health probes on `addr` until the process exits (bound now,
+/// so a taken port fails at start): /readyz keeps answering, "shutting
+/// down" included, while the work in flight finishes.
+pub async fn spawn_probes(addr: SocketAddr, readiness: &Readiness) -> Result<(), ServeError> {
+    let serving = bind_and_serve(
+        "health probes",
+        addr,
+        probe_router(readiness.clone()),
+        std::future::pending(),
+    )
+    .await?;
+    tokio::spawn(serving);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,3 @@
-use std::sync::atomic::AtomicUsize;
-
 use shared::NodeMaintenance;
 use shared::rules::gates::Alert;
 
@@ -182,7 +180,7 @@ fn nodes_decode_lean() {
         }
     });
     let lean: shared::kube::partial::NodeView = serde_json::from_value(json).expect("a node");
-    let view = NodeView::of_watched(&lean, "topology.kubernetes.io/zone");
+    let view = lean.gate_view("topology.kubernetes.io/zone");
     assert_eq!(
         view,
         NodeView {
@@ -194,35 +192,8 @@ fn nodes_decode_lean() {
     );
     let bare: shared::kube::partial::NodeView =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "n2"}})).expect("a node");
-    let view = NodeView::of_watched(&bare, "topology.kubernetes.io/zone");
+    let view = bare.gate_view("topology.kubernetes.io/zone");
     assert!(!view.ready && !view.cordoned && view.zone.is_none());
-}
-
-/// A fetch slower than one create's deadline carries on; creates meanwhile
-/// join it, and the answer serves the next ones: one fetch for all.
-#[tokio::test]
-async fn one_fetch_serves_the_creates_after_it() {
-    let answer = Arc::new(RecentAnswer::<u32>::new());
-    let fetches = Arc::new(AtomicUsize::new(0));
-    let fetch = |value: u32, takes: Duration| {
-        let fetches = fetches.clone();
-        async move {
-            fetches.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(takes).await;
-            value
-        }
-    };
-    let soon = Deadline::now() + Duration::from_millis(20);
-    let slow = fetch(7, Duration::from_millis(100));
-    assert_eq!(answer.get(soon, slow).await, None, "past its deadline");
-    let later = Deadline::now() + Duration::from_secs(2);
-    let (a, b) = tokio::join!(
-        answer.get(later, fetch(8, Duration::ZERO)),
-        answer.get(later, fetch(9, Duration::ZERO))
-    );
-    assert_eq!((a, b), (Some(7), Some(7)), "joined the fetch under way");
-    assert_eq!(answer.get(later, fetch(10, Duration::ZERO)).await, Some(7));
-    assert_eq!(fetches.load(Ordering::SeqCst), 1);
 }
 
 /// An API server that never answers: the nodes are named as not checked

@@ -14,7 +14,6 @@ use std::fmt;
 use std::str::FromStr;
 
 use regex::Regex;
-use serde::Deserialize;
 
 use super::{GateDecision, GateReason};
 
@@ -44,43 +43,13 @@ pub enum AlertsSeen {
     Failed(String),
 }
 
-/// One alert of `GET /api/v1/alerts` (`data.alerts[]`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// One alert as the gate judges it (the alert source reads it from
+/// Prometheus or Alertmanager: `shared::serve::alert_source`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Alert {
-    #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// `firing` or `pending`; only firing ones block.
-    #[serde(default)]
     pub state: String,
-}
-
-#[derive(Deserialize)]
-struct Response {
-    status: String,
-    #[serde(default)]
-    data: Option<Data>,
-    #[serde(default)]
-    error: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Data {
-    #[serde(default)]
-    alerts: Vec<Alert>,
-}
-
-/// The alerts in the body of Prometheus' `GET /api/v1/alerts`.
-pub fn parse_alerts(body: &[u8]) -> Result<Vec<Alert>, String> {
-    let response: Response =
-        serde_json::from_slice(body).map_err(|e| format!("not a Prometheus alerts answer: {e}"))?;
-    if response.status != "success" {
-        return Err(format!(
-            "Prometheus answered status {:?}: {}",
-            response.status,
-            response.error.unwrap_or_default()
-        ));
-    }
-    Ok(response.data.map(|d| d.alerts).unwrap_or_default())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,8 +13,8 @@
 //!   value, Ready, cordoned (`spec.unschedulable`). The node count for
 //!   `--max-unavailable=P%` is the number of views.
 //! - Only when [`Gates::needs_alerts`]: the firing alerts, or why they could
-//!   not be read ([`AlertsSeen`]; [`parse_alerts`] reads the body of
-//!   Prometheus' `GET /api/v1/alerts`). Fetch with a short timeout, and
+//!   not be read ([`AlertsSeen`]; `shared::serve::alert_source` reads
+//!   them from Prometheus or Alertmanager). Fetch with a short timeout, and
 //!   cache the answer for a few seconds across reconciles; a failure blocks.
 //! - The time, `now`.
 //!
@@ -45,7 +45,7 @@
 mod alerts;
 mod budgets;
 
-pub use alerts::{Alert, AlertFilter, AlertGate, AlertsSeen, parse_alerts};
+pub use alerts::{Alert, AlertFilter, AlertGate, AlertsSeen};
 pub use budgets::MaxUnavailable;
 
 use std::collections::BTreeMap;
@@ -136,12 +136,6 @@ pub struct NodeView {
 }
 
 impl NodeView {
-    /// A watched node ([`crate::kube::partial::NodeView`]) as a view.
-    pub fn of_watched(node: &crate::kube::partial::NodeView, zone_label: &str) -> NodeView {
-        let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable);
-        NodeView::from_parts(&node.metadata, node.ready(), unschedulable, zone_label)
-    }
-
     /// A Node as a view.
     pub fn of(node: &Node, zone_label: &str) -> NodeView {
         let ready = node
@@ -154,7 +148,10 @@ impl NodeView {
         NodeView::from_parts(&node.metadata, ready, unschedulable, zone_label)
     }
 
-    fn from_parts(
+    /// A view from a node's metadata, Ready, `spec.unschedulable` and the
+    /// zone label's name (the watch's lean node converts itself with it:
+    /// `shared::kube::partial::NodeView::gate_view`).
+    pub fn from_parts(
         meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
         ready: bool,
         unschedulable: Option<bool>,
@@ -302,6 +299,38 @@ fn outside_window(now: Timestamp, windows: &[Window]) -> Option<GateDecision> {
             .to_string(),
     };
     GateDecision::wait(GateReason::OutsideWindow, message)
+}
+
+/// How long an answer about the alerts (and, for the webhook's warnings,
+/// the node list) is used before it is read again, in both services; also
+/// how often a maintenance held by firing alerts looks again.
+pub const ANSWER_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The longest a maintenance outside every window sleeps before it looks
+/// again (the clock or the flags may have changed meanwhile).
+pub const WINDOW_RECHECK_MAX: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// When a maintenance held for `reason` looks again: just after the next
+/// window opens (at most [`WINDOW_RECHECK_MAX`] away), after
+/// [`ANSWER_FRESH_FOR`] for the alerts, and after `backstop` (the slot
+/// wait's look) for the budgets and the pause, which a departure or a
+/// counted node's change also wakes at once.
+pub fn look_again_after(
+    gates: &Gates,
+    reason: GateReason,
+    now: Timestamp,
+    backstop: std::time::Duration,
+) -> std::time::Duration {
+    use std::time::Duration;
+    match reason {
+        GateReason::OutsideWindow => next_window_start(gates, now)
+            .and_then(|at| Duration::try_from(at.duration_since(now)).ok())
+            .map_or(WINDOW_RECHECK_MAX, |d| {
+                (d + Duration::from_millis(100)).min(WINDOW_RECHECK_MAX)
+            }),
+        GateReason::AlertsFiring => ANSWER_FRESH_FOR,
+        _ => backstop,
+    }
 }
 
 /// When the next window opens, for requeueing an `OutsideWindow` wait;

@@ -109,35 +109,3 @@ fn only_firing_matches_count() {
     assert_eq!(f.describe(&alerts[0]), r#"A{severity="critical"}"#);
     assert_eq!(filter("").describe(&alerts[0]), "A");
 }
-
-#[test]
-fn prometheus_answers_are_read() {
-    let ok = br#"{"status":"success","data":{"alerts":[
-        {"labels":{"alertname":"Watchdog","severity":"none"},"annotations":{},
-         "state":"firing","activeAt":"2026-12-12T00:00:00Z","value":"1e+00"}]}}"#;
-    let cases: [(&str, &[u8], Result<usize, &str>); 5] = [
-        ("one alert", ok, Ok(1)),
-        (
-            "none",
-            br#"{"status":"success","data":{"alerts":[]}}"#,
-            Ok(0),
-        ),
-        ("no data", br#"{"status":"success"}"#, Ok(0)),
-        (
-            "an error answer",
-            br#"{"status":"error","errorType":"bad_data","error":"boom"}"#,
-            Err("status \"error\": boom"),
-        ),
-        ("not json", b"<html>", Err("not a Prometheus alerts answer")),
-    ];
-    for (case, body, want) in cases {
-        match (parse_alerts(body), want) {
-            (Ok(alerts), Ok(n)) => assert_eq!(alerts.len(), n, "{case}"),
-            (Err(e), Err(w)) => assert!(e.contains(w), "{case}: {e}"),
-            (got, want) => panic!("{case}: got {got:?}, want {want:?}"),
-        }
-    }
-    let alerts = parse_alerts(ok).expect("parses");
-    assert_eq!(alerts[0].state, "firing");
-    assert_eq!(alerts[0].labels["alertname"], "Watchdog");
-}
