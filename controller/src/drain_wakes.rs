@@ -704,7 +704,10 @@ mod tests {
     }
 
     fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
+        // Any instant: only its presence counts here.
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::constant(1_796_434_200, 0),
+        )
     }
 
     /// A pod's metadata in namespace `ns`, terminating or not.

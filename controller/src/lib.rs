@@ -1,6 +1,7 @@
 //! nmo-controller's modules; main.rs wires them together.
 
 pub mod classify;
+pub mod clock;
 pub mod conditions;
 pub mod config;
 pub mod conflicts;

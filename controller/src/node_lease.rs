@@ -44,6 +44,8 @@ pub struct NodeLeases {
     /// replaces it without reading it first (its resourceVersion is the
     /// precondition; on a conflict the lease is read and judged again).
     ours: std::sync::Mutex<std::collections::HashMap<String, Lease>>,
+    /// The time the lease rules judge by (set by unit tests).
+    pub(crate) clock: crate::clock::Clock,
 }
 
 fn is_not_found(e: &kube::Error) -> bool {
@@ -56,6 +58,7 @@ impl NodeLeases {
             client,
             namespace,
             ours: Default::default(),
+            clock: crate::clock::Clock::system(),
         }
     }
 
@@ -136,7 +139,7 @@ impl NodeLeases {
         // The clock is read after the lease: taken before, a renewal that lands
         // in between would look "renewed in the future", which the rules treat
         // as invalid, and we would take over a lease that is really held.
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let Some(mut lease) = existing else {
             return self.create(node, name, now).await;
         };

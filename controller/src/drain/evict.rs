@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::EvictParams;
 use shared::PodReference;
@@ -105,7 +104,12 @@ async fn evict_one(
     // Only pods that must leave get here: terminating means awaited.
     if let Some(deleted) = &pod.metadata.deletion_timestamp {
         drainer.migrations.forget(&uid);
-        let since = Timestamp::now().duration_since(deleted.0).as_secs().max(0);
+        let since = drainer
+            .clock
+            .now()
+            .duration_since(deleted.0)
+            .as_secs()
+            .max(0);
         if since > STUCK_AFTER.as_secs() as i64 {
             let finalizers = pod.metadata.finalizers.clone().unwrap_or_default();
             return (r, PodOutcome::Stuck { finalizers });

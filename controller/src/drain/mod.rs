@@ -49,6 +49,8 @@ pub struct Drainer {
     migration_warning_after: Duration,
     migrations: kubevirt::Migrations,
     daemonsets: list::DaemonSetAnswers,
+    /// The time terminating pods are judged by (set by unit tests).
+    pub(crate) clock: crate::clock::Clock,
 }
 
 impl Drainer {
@@ -66,6 +68,7 @@ impl Drainer {
             migration_warning_after,
             migrations: kubevirt::Migrations::default(),
             daemonsets: list::DaemonSetAnswers::default(),
+            clock: crate::clock::Clock::system(),
         }
     }
 

@@ -1,7 +1,8 @@
 //! What the reconciler does next, as pure functions of what it observed.
 //!
-//! reconcile.rs fetches (the NodeMaintenance, its slot, the node, the lease
-//! outcome, one drain round), calls these, and carries out the answer. Every
+//! The reconciler (controller/src/reconcile/) reads the NodeMaintenance,
+//! its slot and gates, the node, the lease outcome and one drain round,
+//! calls these with the time of its clock, and carries out the answer. Every
 //! rule of the contract that decides something lives here, tested below as a
 //! table of cases named after the contract.
 
@@ -31,7 +32,9 @@ pub const REQUEUE_TERMINATING: Duration = Duration::from_millis(500);
 /// How soon to come back when something blocks (PDB, foreign lease): upstream's
 /// 5 s, the default of --blocked-retry-interval.
 pub const REQUEUE_BLOCKED: Duration = Duration::from_secs(DRAIN_REQUEUE_SECS);
-/// How often a waiting NodeMaintenance re-checks for a free slot (reads the cache only).
+/// How often a waiting NodeMaintenance (for a slot, a budget or the pause)
+/// looks again on its own (reads the caches only); a departure or a counted
+/// node's change wakes it at once.
 pub const REQUEUE_PENDING: Duration = Duration::from_secs(2);
 /// How often a finished maintenance renews its one-hour lease and re-checks the node.
 pub const REQUEUE_HOLD: Duration = Duration::from_secs(30 * 60);

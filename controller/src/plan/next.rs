@@ -460,13 +460,16 @@ mod tests {
         .expect("Node")
     }
 
+    /// The time of every observation here (a set clock, never the wall's).
+    const NOW: Timestamp = Timestamp::constant(1_796_434_200, 0);
+
     fn seen(nm: NodeMaintenance, slot: SlotDecision, node: NodeSeen) -> Observed {
         Observed {
             lifecycle: Observed::lifecycle_of(&nm),
             nm,
             admission: Admission::Final,
             node,
-            now: Timestamp::now(),
+            now: NOW,
         }
         .admitted(&slot)
     }
@@ -477,7 +480,7 @@ mod tests {
 
     /// Running, cordoned `minutes` ago.
     fn running_since(minutes: i64) -> serde_json::Value {
-        let since = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(minutes);
+        let since = NOW - k8s_openapi::jiff::SignedDuration::from_mins(minutes);
         json!({"phase": "Running", "pendingPodsRefs": [{"namespace": "ns", "name": "p"}],
             "conditions": [{"type": "Cordoned", "status": "True", "reason": "Cordoned",
                 "message": "", "lastTransitionTime": since.to_string()}]})

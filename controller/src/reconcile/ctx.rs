@@ -8,6 +8,7 @@ use shared::{NodeMaintenance, rules::slots};
 use std::time::Duration;
 
 use super::Error;
+use crate::clock::Clock;
 use crate::conflicts::ConflictStreaks;
 use crate::drain::Drainer;
 use crate::drain_wakes::WatchedNodes;
@@ -49,6 +50,8 @@ pub struct Ctx {
     pub node_signals: super::NodeSignals,
     /// The fleet gates and what they read (nodes, alerts).
     pub fleet: Fleet,
+    /// The time every decision of a pass reads (set by unit tests).
+    pub clock: Clock,
 }
 
 impl Ctx {
@@ -85,7 +88,16 @@ impl Ctx {
             node_lifecycle_conditions: cfg.node_lifecycle_conditions,
             node_signals: super::NodeSignals::default(),
             fleet,
+            clock: Clock::system(),
         }
+    }
+
+    /// This context reading the time from `clock` (unit tests set one).
+    pub fn with_clock(mut self, clock: Clock) -> Ctx {
+        self.leases.clock = clock.clone();
+        self.drainer.clock = clock.clone();
+        self.clock = clock;
+        self
     }
 
     /// NodeMaintenance `name` is gone (whoever removed its finalizer): drop

@@ -1,7 +1,9 @@
 //! The NodeMaintenance reconciler. One pass has four stages:
 //!
-//! 1. **observe** ([`observe`]): the maintenance, its slot and its node,
-//!    read once into a [`plan::Observed`];
+//! 1. **observe** ([`observe`]): the maintenance, its node and its turn
+//!    (slots and fleet gates decided together by `shared::rules::slots::turn`
+//!    over the caches, an admission recorded), read once into a
+//!    [`plan::Observed`] stamped with the context's clock;
 //! 2. **decide** ([`plan::next`]): a pure function from that to a
 //!    [`plan::Plan`];
 //! 3. **apply** ([`apply`]): the plan carried out in one fixed order

@@ -5,7 +5,6 @@
 //! The node's pods are listed by the steps that act on them (the drain round
 //! lists after the cordon, so Succeeded rests on a list taken after it).
 
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use shared::api::consts::FINALIZER;
 use shared::rules::gates::AlertsSeen;
@@ -20,11 +19,11 @@ pub(super) async fn observe(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Observ
     let lifecycle = Observed::lifecycle_of(&nm);
     if lifecycle == Lifecycle::Cleanup {
         return Ok(match cleanup_due(&nm, ctx).await? {
-            Some(live) => with_node(observed(live, lifecycle), ctx).await?,
-            None => observed(nm, Lifecycle::Done),
+            Some(live) => with_node(observed(live, lifecycle, ctx), ctx).await?,
+            None => observed(nm, Lifecycle::Done, ctx),
         });
     }
-    let mut seen = observed(nm, lifecycle);
+    let mut seen = observed(nm, lifecycle, ctx);
     if lifecycle == Lifecycle::Apply {
         seen = admitted(seen, ctx).await;
     }
@@ -77,13 +76,13 @@ async fn with_node(mut seen: Observed, ctx: &Ctx) -> Result<Observed, Error> {
     Ok(seen)
 }
 
-fn observed(nm: NodeMaintenance, lifecycle: Lifecycle) -> Observed {
+fn observed(nm: NodeMaintenance, lifecycle: Lifecycle, ctx: &Ctx) -> Observed {
     Observed {
         nm,
         lifecycle,
         admission: Admission::Final,
         node: NodeSeen::NotRead,
-        now: Timestamp::now(),
+        now: ctx.clock.now(),
     }
 }
 

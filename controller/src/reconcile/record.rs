@@ -4,7 +4,6 @@
 
 use futures::FutureExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
@@ -91,7 +90,7 @@ pub(super) async fn write_status(
     why: Why,
 ) -> Result<(), Error> {
     let old = nm.status.clone().unwrap_or_default();
-    let now = Time(Timestamp::now());
+    let now = Time(ctx.clock.now());
     new.conditions = conditions::conditions(
         &old.conditions,
         &new,

@@ -12,7 +12,6 @@ use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -127,7 +126,7 @@ async fn write(ctx: &Ctx, node: &str, nm: &str, stage: Stage) -> Result<(), kube
         .and_then(|s| s.conditions)
         .unwrap_or_default();
     let wants = node_conditions::wanted(stage, nm);
-    let changes = node_conditions::changes(&conditions, &wants, &Time(Timestamp::now()));
+    let changes = node_conditions::changes(&conditions, &wants, &Time(ctx.clock.now()));
     if changes.is_empty() {
         return Ok(());
     }

@@ -21,6 +21,10 @@ use crate::leadership::Leadership;
 use crate::metrics::Metrics;
 use fake::FakeApi;
 
+/// The time of every pass in these tests: a Saturday, 01:30 UTC.
+pub(super) const TEST_NOW: k8s_openapi::jiff::Timestamp =
+    k8s_openapi::jiff::Timestamp::constant(1_796_434_200, 0);
+
 /// `spec.reason` that makes `step` panic (test builds only).
 pub const PANIC_REASON: &str = "nmo-test: panic in step";
 
@@ -47,7 +51,8 @@ pub(super) async fn fake_ctx_with(api: &FakeApi, flags: &[&str]) -> Arc<Ctx> {
         evict: client,
     };
     let fleet = crate::fleet::Fleet::new(cfg.gates.gates()).expect("the gates of the test flags");
-    Arc::new(Ctx::new(&cfg, clients, store, metrics, &leadership, fleet))
+    let ctx = Ctx::new(&cfg, clients, store, metrics, &leadership, fleet);
+    Arc::new(ctx.with_clock(crate::clock::Clock::set_at(TEST_NOW)))
 }
 
 fn nm(reason: &str) -> NodeMaintenance {

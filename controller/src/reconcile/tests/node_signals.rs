@@ -182,7 +182,7 @@ async fn lease_errors_mid_drain_stop_the_maintenance() {
     pass(&api, &ctx).await.expect("blocked round");
     pass(&api, &ctx).await.expect("web-a gone");
     assert_eq!(api.status()["drainProgress"], 50, "draining started");
-    let now = k8s_openapi::jiff::Timestamp::now();
+    let now = super::TEST_NOW;
     api.put(
         LEASE_PATH,
         json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -191,6 +191,9 @@ async fn lease_errors_mid_drain_stop_the_maintenance() {
                 "acquireTime": now.to_string(), "renewTime": now.to_string()}}),
     );
     for count in 1..=3 {
+        // Time goes on: our lease is due for renewal (and so found taken).
+        ctx.clock
+            .advance(k8s_openapi::jiff::SignedDuration::from_secs(1));
         pass(&api, &ctx).await.expect("lease error");
         let st = api.status();
         assert_eq!(st["errorOnLeaseCount"], count, "{st}");

@@ -25,7 +25,7 @@ pub(super) fn new_nm(api: &FakeApi) {
 /// Mark the stored NodeMaintenance deleted (as `kubectl delete` does with a finalizer).
 pub(super) fn mark_deleted(api: &FakeApi) {
     let mut nm = api.get(NM_PATH).unwrap_or_default();
-    nm["metadata"]["deletionTimestamp"] = json!(k8s_openapi::jiff::Timestamp::now().to_string());
+    nm["metadata"]["deletionTimestamp"] = json!(super::TEST_NOW.to_string());
     nm["metadata"]["resourceVersion"] = Value::Null;
     api.put(NM_PATH, nm);
 }
@@ -223,7 +223,7 @@ async fn a_lease_held_by_another_operator_is_waited_for() {
     let api = FakeApi::start();
     api.put(NODE_PATH, fake::node("worker-1"));
     pods(&api, false);
-    let now = k8s_openapi::jiff::Timestamp::now();
+    let now = super::TEST_NOW;
     api.put(
         LEASE_PATH,
         json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
