@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::watcher;
 use shared::kube::partial;
-use shared::rules::gates::{self, AlertsSeen, GateDecision, Gates, NodeView};
+use shared::rules::gates::{self, AlertsSeen, FleetNode, GateDecision, Gates};
 use shared::rules::slots::Entry;
 use shared::rules::sync::LockExt;
 use shared::serve::alert_source::{AlertSource, QUERY_TIMEOUT};
@@ -37,13 +37,13 @@ const NODES_LISTED_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct Nodes {
-    live: BTreeMap<String, NodeView>,
+    live: BTreeMap<String, FleetNode>,
     /// A re-list in progress: replaces `live` once complete.
-    relist: Option<BTreeMap<String, NodeView>>,
+    relist: Option<BTreeMap<String, FleetNode>>,
     /// `live` as the decisions read it, built once per change of a view (a
     /// kubelet heartbeat changes none): the decisions of a waiting queue
     /// share it instead of copying every node each.
-    snapshot: Option<Arc<Vec<NodeView>>>,
+    snapshot: Option<Arc<Vec<FleetNode>>>,
 }
 
 struct Alerts {
@@ -191,7 +191,7 @@ impl Fleet {
 /// What one decision judges by (see [`Fleet::judge`]).
 pub struct Judge<'a> {
     gates: &'a Gates,
-    nodes: Arc<Vec<NodeView>>,
+    nodes: Arc<Vec<FleetNode>>,
     alerts: &'a AlertsSeen,
     now: Timestamp,
 }
@@ -200,7 +200,7 @@ impl Judge<'_> {
     /// The gates' answer for `me` among `all`: `None` may start, else why
     /// it waits and when to look again.
     pub fn hold(&self, me: &Entry, all: &[Entry]) -> Option<Held> {
-        let observed = gates::Observed {
+        let observed = gates::GateInputs {
             nodes: &self.nodes,
             now: self.now,
             alerts: self.alerts,

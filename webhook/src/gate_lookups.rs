@@ -29,7 +29,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
 use shared::kube::partial::NodeView as WatchedNode;
-use shared::rules::gates::{self, AlertsSeen, GateDecision, GateReason, Gates, NodeView, Observed};
+use shared::rules::gates::{
+    self, AlertsSeen, FleetNode, GateDecision, GateInputs, GateReason, Gates,
+};
 use shared::rules::slots::{self, Entry, SlotDecision};
 use shared::serve::alert_source::AlertSource;
 use shared::serve::gate_flags::GateFlags;
@@ -98,7 +100,7 @@ pub struct QueueFacts {
 /// holds the "not checked" line of a lookup that did not answer.
 #[derive(Debug, Default)]
 pub struct Seen {
-    pub nodes: Option<Result<Arc<Vec<NodeView>>, String>>,
+    pub nodes: Option<Result<Arc<Vec<FleetNode>>, String>>,
     pub alerts: Option<Result<Arc<AlertsSeen>, String>>,
 }
 
@@ -136,7 +138,7 @@ pub fn decide(
         }
         None => Arc::new(AlertsSeen::NotRead),
     };
-    let observed = Observed {
+    let observed = GateInputs {
         nodes: nodes.as_slice(),
         now,
         alerts: &alerts,
@@ -164,7 +166,7 @@ pub(crate) struct GateLookups {
     settings: GateSettings,
     /// --warnings-timeout, for the "not checked" lines.
     budget: Duration,
-    nodes: Arc<RecentAnswer<Result<Arc<Vec<NodeView>>, String>>>,
+    nodes: Arc<RecentAnswer<Result<Arc<Vec<FleetNode>>, String>>>,
     alerts: Arc<RecentAnswer<Arc<AlertsSeen>>>,
 }
 
@@ -199,7 +201,7 @@ impl GateLookups {
     }
 
     /// Every node as the gates see it, when a node budget is set.
-    async fn nodes(&self, deadline: Deadline) -> Option<Result<Arc<Vec<NodeView>>, String>> {
+    async fn nodes(&self, deadline: Deadline) -> Option<Result<Arc<Vec<FleetNode>>, String>> {
         if !self.settings.gates.needs_nodes() {
             return None;
         }
@@ -245,7 +247,7 @@ impl GateLookups {
 fn list_node_views(
     client: Client,
     gates: &Gates,
-) -> impl Future<Output = Result<Arc<Vec<NodeView>>, String>> + use<> {
+) -> impl Future<Output = Result<Arc<Vec<FleetNode>>, String>> + use<> {
     let zone_label = gates.zone_label.clone();
     let selector: Vec<String> = gates
         .node_selector
@@ -259,7 +261,7 @@ async fn list_selected(
     client: Client,
     zone_label: String,
     selector: String,
-) -> Result<Arc<Vec<NodeView>>, String> {
+) -> Result<Arc<Vec<FleetNode>>, String> {
     let api = Api::<WatchedNode>::all(client);
     let mut params = ListParams::default().limit(NODE_PAGE).labels(&selector);
     let mut views = Vec::new();

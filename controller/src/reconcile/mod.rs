@@ -1,4 +1,4 @@
-//! The NodeMaintenance reconciler. One pass has four stages:
+//! The NodeMaintenance reconciler. One pass has five stages:
 //!
 //! 1. **observe** ([`observe`]): the maintenance, its node and its turn
 //!    (slots and fleet gates decided together by `shared::rules::slots::turn`
@@ -8,7 +8,10 @@
 //!    [`plan::Plan`];
 //! 3. **apply** ([`apply`]): the plan carried out in one fixed order
 //!    (metadata, lease, node, drain), handing back what to write;
-//! 4. **record** ([`record`]): one status write, and its events.
+//! 4. **record** ([`record`]): one status write, and its events;
+//! 5. **node lifecycle** ([`node_lifecycle`]): the KEP-5683 conditions on
+//!    the node, for the stage the pass reached (`plan::node_conditions`
+//!    decides; a failed write never holds the maintenance back).
 //!
 //! Around a pass: leadership (a standby acts on nothing), a timeout, a
 //! panic caught and recorded on the object, and a pass that lost to a newer
@@ -17,9 +20,9 @@
 mod apply;
 mod ctx;
 mod error;
+mod node_lifecycle;
 mod observe;
 mod record;
-mod signals;
 mod writes;
 
 #[cfg(test)]
@@ -35,7 +38,7 @@ use shared::NodeMaintenance;
 
 pub use ctx::Ctx;
 pub use error::Error;
-pub use signals::NodeSignals;
+pub use node_lifecycle::NodeSignals;
 
 use crate::metrics::ReconcileResult;
 use crate::own_writes::Current;
@@ -185,11 +188,11 @@ async fn step(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
         Ok(Some(write)) => {
             let stage = node_conditions::stage(intent, Some(&write));
             let requeue = record::record(ctx, &mut seen.nm, write).await?;
-            signals::sync(ctx, &seen.nm, stage).await;
+            node_lifecycle::sync(ctx, &seen.nm, stage).await;
             Ok(requeue)
         }
         Ok(None) => {
-            signals::sync(ctx, &seen.nm, node_conditions::stage(intent, None)).await;
+            node_lifecycle::sync(ctx, &seen.nm, node_conditions::stage(intent, None)).await;
             Ok(None)
         }
         // A conflict is no news for the user: the pass is decided again.

@@ -152,9 +152,9 @@ pub struct NodeView {
 
 impl NodeView {
     /// This node as the fleet gates see it (`--zone-label` names the zone).
-    pub fn gate_view(&self, zone_label: &str) -> crate::rules::gates::NodeView {
+    pub fn gate_view(&self, zone_label: &str) -> crate::rules::gates::FleetNode {
         let unschedulable = self.spec.as_ref().and_then(|s| s.unschedulable);
-        crate::rules::gates::NodeView::from_parts(
+        crate::rules::gates::FleetNode::from_parts(
             &self.metadata,
             self.ready(),
             unschedulable,

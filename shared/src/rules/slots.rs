@@ -42,7 +42,7 @@ impl Entry {
     }
 
     /// Running or Succeeded: it holds its slot (and its node).
-    pub(crate) fn admitted(&self) -> bool {
+    pub(crate) fn started(&self) -> bool {
         matches!(
             self.phase,
             Some(MaintenancePhase::Running | MaintenancePhase::Succeeded)
@@ -72,7 +72,7 @@ pub enum SlotDecision {
 
 /// Decide for `me`. `max == 0` means no limit.
 pub fn decide(me: &Entry, all: &[Entry], max: usize) -> SlotDecision {
-    if me.admitted() {
+    if me.started() {
         return SlotDecision::Admitted;
     }
     // The owner of a node: an admitted NodeMaintenance for it, else the oldest
@@ -82,7 +82,7 @@ pub fn decide(me: &Entry, all: &[Entry], max: usize) -> SlotDecision {
         .filter(|e| e.node == me.node && e.name != me.name);
     let mut rivals: Vec<&Entry> = same_node.filter(|e| !e.failed()).collect();
     rivals.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
-    if let Some(owner) = rivals.iter().find(|e| e.admitted()) {
+    if let Some(owner) = rivals.iter().find(|e| e.started()) {
         return SlotDecision::Duplicate {
             owner: owner.name.clone(),
         };
@@ -199,7 +199,7 @@ impl Admissions {
         let all: Vec<Entry> = all.iter().map(counted).collect();
         let me_counted = counted(me);
         let decision = turn(&me_counted, &all, max, gate).decision;
-        if !me_counted.admitted() && matches!(decision, Ok(SlotDecision::Admitted)) {
+        if !me_counted.started() && matches!(decision, Ok(SlotDecision::Admitted)) {
             decided.insert((me.name.clone(), me.created.clone()));
         }
         decision
@@ -234,7 +234,7 @@ pub fn turn<W>(
         ahead: Vec::new(),
     };
     let decision = decide(me, all, max);
-    if me.admitted() || matches!(decision, SlotDecision::Duplicate { .. }) {
+    if me.started() || matches!(decision, SlotDecision::Duplicate { .. }) {
         return start(Ok(decision));
     }
     if let SlotDecision::Wait { holders, max, .. } = decision {
@@ -265,13 +265,13 @@ pub fn turn<W>(
 impl Entry {
     /// Neither admitted nor failed (new or Pending, as the cache shows it).
     fn phase_is_undecided(&self) -> bool {
-        !self.admitted() && !self.failed()
+        !self.started() && !self.failed()
     }
 }
 
 /// The admitted ones, in creation order.
 fn holders(all: &[Entry]) -> Vec<&Entry> {
-    let mut holders: Vec<&Entry> = all.iter().filter(|e| e.admitted()).collect();
+    let mut holders: Vec<&Entry> = all.iter().filter(|e| e.started()).collect();
     holders.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
     holders
 }
@@ -281,7 +281,7 @@ fn holders(all: &[Entry]) -> Vec<&Entry> {
 pub(crate) fn queue(all: &[Entry]) -> Vec<&Entry> {
     let mut queue: Vec<&Entry> = all
         .iter()
-        .filter(|e| !e.admitted() && !e.failed() && !e.deleting)
+        .filter(|e| !e.started() && !e.failed() && !e.deleting)
         .collect();
     queue.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
     let mut seen_nodes = std::collections::HashSet::new();

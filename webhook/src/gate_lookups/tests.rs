@@ -17,8 +17,8 @@ fn entry(name: &str, node: &str, created: &str, phase: Option<&str>) -> Entry {
 const OLD: &str = "2026-12-12T01:00:00Z";
 const NEW: &str = "2026-12-12T01:29:00Z";
 
-fn node(name: &str, ready: bool) -> NodeView {
-    NodeView {
+fn node(name: &str, ready: bool) -> FleetNode {
+    FleetNode {
         name: name.into(),
         zone: None,
         ready,
@@ -183,7 +183,7 @@ fn nodes_decode_lean() {
     let view = lean.gate_view("topology.kubernetes.io/zone");
     assert_eq!(
         view,
-        NodeView {
+        FleetNode {
             name: "n1".into(),
             zone: Some("a".into()),
             ready: true,
@@ -234,7 +234,7 @@ async fn nodes_unlisted_in_time_leave_the_window_gate() {
 /// zone a is told of the zone, not of a slot.
 #[test]
 fn the_warning_is_the_controllers_decision_with_slots_and_a_zone_budget() {
-    let zoned = |name: &str, zone: &str| NodeView {
+    let zoned = |name: &str, zone: &str| FleetNode {
         zone: Some(zone.into()),
         ..node(name, true)
     };

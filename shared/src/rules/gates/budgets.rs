@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::str::FromStr;
 
-use super::{GateDecision, GateReason, Gates, NodeView, Observed};
+use super::{FleetNode, GateDecision, GateInputs, GateReason, Gates};
 use crate::rules::slots::{self, Entry};
 
 /// `--max-unavailable`: a count of nodes, or a percentage of them.
@@ -92,7 +92,7 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
-    fn new(all: &'a [Entry], nodes: &'a [NodeView], selective: bool) -> Walk<'a> {
+    fn new(all: &'a [Entry], nodes: &'a [FleetNode], selective: bool) -> Walk<'a> {
         let zones = nodes
             .iter()
             .map(|n| (n.name.as_str(), n.zone.as_deref()))
@@ -107,7 +107,7 @@ impl<'a> Walk<'a> {
         };
         let mut started: Vec<&Entry> = all
             .iter()
-            .filter(|e| e.admitted() && walk.counts(e))
+            .filter(|e| e.started() && walk.counts(e))
             .collect();
         started.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
         for e in started {
@@ -173,7 +173,7 @@ impl<'a> Walk<'a> {
 pub(super) fn check(
     me: &Entry,
     all: &[Entry],
-    observed: &Observed,
+    observed: &GateInputs,
     gates: &Gates,
 ) -> Option<GateDecision> {
     let limit = gates
@@ -251,7 +251,7 @@ fn unavailable_message(
     after: usize,
     limit: usize,
     setting: MaxUnavailable,
-    observed: &Observed,
+    observed: &GateInputs,
 ) -> String {
     let listed: Vec<String> = walk
         .unavailable

@@ -3,13 +3,13 @@
 //! [`may_start`], shared by the controller (the `Queued` condition, the
 //! event, the metric) and the webhook (its warnings).
 //!
-//! # What the caller gathers ([`Observed`])
+//! # What the caller gathers ([`GateInputs`])
 //! - The NodeMaintenances as [`Entry`]s (as for the slots), with this
 //!   process's own admissions counted: call through
 //!   [`Admissions::decide_gated`](crate::rules::slots::Admissions::decide_gated)
 //!   so a gate and the admission record happen under one lock.
-//! - Only when [`Gates::needs_nodes`]: every Node as a [`NodeView`]
-//!   ([`NodeView::of`] with [`Gates::zone_label`]): name, zone label
+//! - Only when [`Gates::needs_nodes`]: every Node as a [`FleetNode`]
+//!   ([`FleetNode::of`] with [`Gates::zone_label`]): name, zone label
 //!   value, Ready, cordoned (`spec.unschedulable`). The node count for
 //!   `--max-unavailable=P%` is the number of views.
 //! - Only when [`Gates::needs_alerts`]: the firing alerts, or why they could
@@ -96,7 +96,7 @@ impl Default for Gates {
 }
 
 impl Gates {
-    /// Whether [`Observed::nodes`] must be gathered.
+    /// Whether [`GateInputs::nodes`] must be gathered.
     pub fn needs_nodes(&self) -> bool {
         self.max_unavailable.is_some() || self.max_per_zone > 0
     }
@@ -117,7 +117,7 @@ impl Gates {
             || self.pause_after_failure
     }
 
-    /// Whether [`Observed::alerts`] must be gathered.
+    /// Whether [`GateInputs::alerts`] must be gathered.
     pub fn needs_alerts(&self) -> bool {
         self.alerts.is_some()
     }
@@ -125,7 +125,7 @@ impl Gates {
 
 /// What the gates need to know about one Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeView {
+pub struct FleetNode {
     pub name: String,
     /// The zone label's value; nodes without it form one zone.
     pub zone: Option<String>,
@@ -135,9 +135,9 @@ pub struct NodeView {
     pub cordoned: bool,
 }
 
-impl NodeView {
+impl FleetNode {
     /// A Node as a view.
-    pub fn of(node: &Node, zone_label: &str) -> NodeView {
+    pub fn of(node: &Node, zone_label: &str) -> FleetNode {
         let ready = node
             .status
             .as_ref()
@@ -145,7 +145,7 @@ impl NodeView {
             .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
             .is_some_and(|c| c.status == "True");
         let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable);
-        NodeView::from_parts(&node.metadata, ready, unschedulable, zone_label)
+        FleetNode::from_parts(&node.metadata, ready, unschedulable, zone_label)
     }
 
     /// A view from a node's metadata, Ready, `spec.unschedulable` and the
@@ -156,8 +156,8 @@ impl NodeView {
         ready: bool,
         unschedulable: Option<bool>,
         zone_label: &str,
-    ) -> NodeView {
-        NodeView {
+    ) -> FleetNode {
+        FleetNode {
             name: meta.name.clone().unwrap_or_default(),
             zone: meta
                 .labels
@@ -171,9 +171,9 @@ impl NodeView {
 
 /// What the controller observed for one decision.
 #[derive(Debug, Clone, Copy)]
-pub struct Observed<'a> {
+pub struct GateInputs<'a> {
     /// Every Node (empty unless [`Gates::needs_nodes`]).
-    pub nodes: &'a [NodeView],
+    pub nodes: &'a [FleetNode],
     pub now: Timestamp,
     pub alerts: &'a AlertsSeen,
 }
@@ -244,8 +244,8 @@ impl GateDecision {
 
 /// May `me` start now? `all` holds every NodeMaintenance (`me` among them
 /// or not). Gates in the order the module doc gives.
-pub fn may_start(me: &Entry, all: &[Entry], observed: &Observed, gates: &Gates) -> GateDecision {
-    if me.admitted() {
+pub fn may_start(me: &Entry, all: &[Entry], observed: &GateInputs, gates: &Gates) -> GateDecision {
+    if me.started() {
         return GateDecision::Start;
     }
     paused(me, all, gates)

@@ -8,8 +8,8 @@ fn deleting(mut entry: Entry) -> Entry {
     entry
 }
 
-fn node(name: &str, zone: Option<&str>) -> NodeView {
-    NodeView {
+fn node(name: &str, zone: Option<&str>) -> FleetNode {
+    FleetNode {
         name: name.into(),
         zone: zone.map(str::to_string),
         ready: true,
@@ -18,7 +18,7 @@ fn node(name: &str, zone: Option<&str>) -> NodeView {
 }
 
 /// Ten ready nodes n0..n9, n0-n4 in zone "a", n5-n7 in "b", n8-n9 unlabelled.
-fn fleet() -> Vec<NodeView> {
+fn fleet() -> Vec<FleetNode> {
     (0..10)
         .map(|i| {
             let zone = match i {
@@ -31,16 +31,16 @@ fn fleet() -> Vec<NodeView> {
         .collect()
 }
 
-fn with(mut nodes: Vec<NodeView>, name: &str, change: fn(&mut NodeView)) -> Vec<NodeView> {
+fn with(mut nodes: Vec<FleetNode>, name: &str, change: fn(&mut FleetNode)) -> Vec<FleetNode> {
     nodes.iter_mut().filter(|n| n.name == name).for_each(change);
     nodes
 }
 
-fn not_ready(n: &mut NodeView) {
+fn not_ready(n: &mut FleetNode) {
     n.ready = false;
 }
 
-fn cordoned(n: &mut NodeView) {
+fn cordoned(n: &mut FleetNode) {
     n.cordoned = true;
 }
 
@@ -48,8 +48,8 @@ fn ts(text: &str) -> Timestamp {
     text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
 }
 
-fn observe<'a>(nodes: &'a [NodeView], alerts: &'a AlertsSeen, now: &str) -> Observed<'a> {
-    Observed {
+fn observe<'a>(nodes: &'a [FleetNode], alerts: &'a AlertsSeen, now: &str) -> GateInputs<'a> {
+    GateInputs {
         nodes,
         now: ts(now),
         alerts,
@@ -61,7 +61,7 @@ struct Case {
     name: &'static str,
     gates: Gates,
     all: Vec<Entry>,
-    nodes: Vec<NodeView>,
+    nodes: Vec<FleetNode>,
     alerts: AlertsSeen,
     now: &'static str,
     /// `None`: Start; else the reason and words the message must hold.
@@ -667,7 +667,7 @@ fn needs_say_what_to_gather() {
 
 /// [`may_start`] as the gate [`Admissions::decide_gated`] takes.
 fn as_gate<'a>(
-    observed: &'a Observed<'a>,
+    observed: &'a GateInputs<'a>,
     gates: &'a Gates,
 ) -> impl Fn(&Entry, &[Entry]) -> Option<GateDecision> + 'a {
     move |me, all| match may_start(me, all, observed, gates) {
@@ -731,7 +731,7 @@ fn node_views_read_zone_ready_and_cordon() {
             }]),
             ..NodeStatus::default()
         });
-        NodeView::of(&n, DEFAULT_ZONE_LABEL)
+        FleetNode::of(&n, DEFAULT_ZONE_LABEL)
     };
     let cases = [
         (
@@ -853,7 +853,7 @@ fn budgets_count_only_the_selected_nodes() {
         ..Gates::default()
     };
     // The caller keeps only the selected nodes as views: n0..n4 here.
-    let nodes: Vec<NodeView> = fleet().into_iter().take(5).collect();
+    let nodes: Vec<FleetNode> = fleet().into_iter().take(5).collect();
     let alerts = AlertsSeen::NotRead;
     let observed = observe(&nodes, &alerts, "2026-12-14T00:00:00Z");
     let cases = [
