@@ -105,6 +105,69 @@ impl ControllerEnv {
         env
     }
 
+    /// A controller from the base Deployment with the fleet gate `flags`,
+    /// counting only this test's nodes (`--fleet-node-selector`), so tests
+    /// side by side keep out of each other's budgets. No slot limit.
+    pub async fn gated(prefix: &str, flags: &[&str]) -> ControllerEnv {
+        let ControllerBed {
+            bed,
+            operator_ns,
+            kubeconfig,
+        } = ControllerBed::new(prefix).await;
+        let mut flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+        flags.push(format!("--fleet-node-selector={GROUP_KEY}={}", bed.group));
+        let mut env = ControllerEnv {
+            bed,
+            operator_ns,
+            ctrl: None,
+            kubeconfig,
+            max: 0,
+            overlay: "base",
+            volumes: Vec::new(),
+            flags,
+        };
+        env.start_controller().await;
+        env
+    }
+
+    /// A node of this test (`suffix`) with label `key=value`, cordoned or not.
+    pub async fn labelled_node(
+        &self,
+        suffix: &str,
+        cordoned: bool,
+        key: &str,
+        value: &str,
+    ) -> String {
+        let name = self
+            .bed
+            .node(suffix, cordoned)
+            .await
+            .expect("node")
+            .name_any();
+        self.nodes()
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"labels": {key: value}}})),
+            )
+            .await
+            .expect("node labelled");
+        name
+    }
+
+    /// Wait until NodeMaintenance `name` is Pending and held by gate `reason`.
+    pub async fn wait_held(&self, name: &str, reason: &str) -> NodeMaintenance {
+        self.wait_nm(name, &format!("Pending, Queued {reason}"), |nm| {
+            nm.phase() == Some(&MaintenancePhase::Pending)
+                && nm.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Queued" && c.status == "True" && c.reason == reason)
+                })
+        })
+        .await
+    }
+
     /// A controller from the base Deployment with `flags` after the manifest's
     /// (and those of every controller this environment starts).
     pub async fn with_flags(prefix: &str, max: usize, flags: &[String]) -> ControllerEnv {

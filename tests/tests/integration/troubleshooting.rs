@@ -613,6 +613,11 @@ scenarios! {
     "node-update-refused" => node_update_refused: setup_node_update_refused,
     "drain-timeout" => drain_timeout: setup_drain_timeout,
     "waiting-for-slot" => waiting_for_slot: setup_waiting_for_slot,
+    "zone-budget" => zone_budget: setup_zone_budget,
+    "max-unavailable" => max_unavailable: setup_max_unavailable,
+    "outside-window" => outside_window: setup_outside_window,
+    "paused-after-failure" => paused_after_failure: setup_paused_after_failure,
+    "alerts-unreadable" => alerts_unreadable: setup_alerts_unreadable,
     "drain-finalizer" => drain_finalizer: setup_drain_finalizer,
     "succeeded" => succeeded: setup_succeeded,
     "webhook-down" => webhook_down: setup_webhook_down,
@@ -818,7 +823,19 @@ fn every_condition_and_event_reason_is_in_the_guide() {
             reasons.extend(quoted(line));
         }
     }
-    for must in ["NotFailed", "LeaseLost", "BeginMaintenance", "DrainBlocked"] {
+    // The fleet gates' reasons (the Queued condition's and their events').
+    for line in source("shared/src/rules/gates/mod.rs").lines() {
+        if line.trim().starts_with("GateReason::") {
+            reasons.extend(quoted(line));
+        }
+    }
+    for must in [
+        "NotFailed",
+        "LeaseLost",
+        "BeginMaintenance",
+        "DrainBlocked",
+        "ZoneBudget",
+    ] {
         assert!(
             reasons.contains(must),
             "reading the sources found no {must}: {reasons:?}"
@@ -1871,6 +1888,137 @@ async fn setup_waiting_for_slot() -> Scenario {
         .alias("<node2>", &node2);
     sc.cleanup.env = Some(env);
     sc
+}
+
+/// The zone label the gate scenarios use (the default of --zone-label).
+const ZONE: &str = "topology.kubernetes.io/zone";
+
+/// A scenario over `env` (torn down with it) with `aliases` (placeholder, value).
+fn scenario_of(env: ControllerEnv, aliases: &[(&str, &str)]) -> Scenario {
+    let mut sc = Scenario::new(&env.bed.group);
+    for (placeholder, value) in aliases {
+        sc = sc.alias(placeholder, *value);
+    }
+    sc.cleanup.env = Some(env);
+    sc
+}
+
+/// NodeMaintenance `short` for `node`, waited for until gate `reason` holds it.
+async fn held(env: &ControllerEnv, short: &str, node: &str, reason: &str) -> String {
+    let nm = env.n(short);
+    env.create_nm(&nm, node).await;
+    env.wait_held(&nm, reason).await;
+    nm
+}
+
+/// `<nm>` for `<node>` reaches phase `first`, then `<nm2>` for `<node2>`
+/// is held by gate `reason`.
+async fn held_behind(
+    env: ControllerEnv,
+    (node, node2): (String, String),
+    first: MaintenancePhase,
+    reason: &str,
+) -> Scenario {
+    let nm = env.n("kernel");
+    env.create_nm(&nm, &node).await;
+    env.wait_phase(&nm, first).await;
+    let nm2 = held(&env, "kernel-w2", &node2, reason).await;
+    let aliases = [
+        ("<nm>", nm.as_str()),
+        ("<nm2>", &nm2),
+        ("<node>", &node),
+        ("<node2>", &node2),
+    ];
+    scenario_of(env, &aliases)
+}
+
+/// A node of `env` named after `suffix`.
+async fn plain_node(env: &ControllerEnv, suffix: &str, cordoned: bool) -> String {
+    env.bed
+        .node(suffix, cordoned)
+        .await
+        .expect("node")
+        .name_any()
+}
+
+/// One maintenance per zone: `<nm>` drained `<node>`; `<nm2>` for `<node2>`,
+/// the same zone, waits: ZoneBudget.
+async fn setup_zone_budget() -> Scenario {
+    let env = ControllerEnv::gated("ts-zone", &["--max-concurrent-per-zone=1"]).await;
+    let node = env.labelled_node("worker-1", false, ZONE, "zone-a").await;
+    let node2 = env.labelled_node("worker-2", false, ZONE, "zone-a").await;
+    held_behind(
+        env,
+        (node, node2),
+        MaintenancePhase::Succeeded,
+        "ZoneBudget",
+    )
+    .await
+}
+
+/// At most one node unavailable: `<node2>` is cordoned by someone else, so
+/// `<nm>` for `<node>` waits: MaxUnavailable.
+async fn setup_max_unavailable() -> Scenario {
+    let env = ControllerEnv::gated("ts-unavail", &["--max-unavailable=1"]).await;
+    let node = plain_node(&env, "worker-1", false).await;
+    let node2 = plain_node(&env, "worker-2", true).await;
+    let nm = held(&env, "kernel", &node, "MaxUnavailable").await;
+    scenario_of(
+        env,
+        &[("<nm>", &nm), ("<node>", &node), ("<node2>", &node2)],
+    )
+}
+
+/// A daily one-hour window that opens two hours from now (UTC): `<nm>`
+/// waits for it: OutsideWindow.
+async fn setup_outside_window() -> Scenario {
+    let hour = (Timestamp::now()
+        .to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC)
+        .hour()
+        + 2)
+        % 24;
+    let window = format!("0 {hour} * * * 1h UTC");
+    let flag = format!("--maintenance-window={window}");
+    let env = ControllerEnv::gated("ts-window", &[flag.as_str()]).await;
+    let node = plain_node(&env, "worker-1", false).await;
+    let nm = held(&env, "kernel", &node, "OutsideWindow").await;
+    scenario_of(
+        env,
+        &[("<nm>", &nm), ("<node>", &node), ("<window>", &window)],
+    )
+}
+
+/// `--pause-after-failure`: `<nm>` failed (its node `<node>` does not
+/// exist), so `<nm2>` for `<node2>` waits: PausedAfterFailure.
+async fn setup_paused_after_failure() -> Scenario {
+    let env = ControllerEnv::gated("ts-pause", &["--pause-after-failure"]).await;
+    let node = format!("{}-gone", env.bed.group);
+    let node2 = plain_node(&env, "worker-2", false).await;
+    held_behind(
+        env,
+        (node, node2),
+        MaintenancePhase::Failed,
+        "PausedAfterFailure",
+    )
+    .await
+}
+
+/// `--block-on-alerts-url` at an address where nothing listens: the alerts
+/// cannot be read, so `<nm>` waits (fails closed): AlertsFiring.
+async fn setup_alerts_unreadable() -> Scenario {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let flag = format!("--block-on-alerts-url={url}");
+    let env = ControllerEnv::gated("ts-alerts", &[flag.as_str()]).await;
+    let node = plain_node(&env, "worker-1", false).await;
+    let nm = held(&env, "kernel", &node, "AlertsFiring").await;
+    scenario_of(
+        env,
+        &[("<nm>", &nm), ("<node>", &node), ("<prometheus>", &url)],
+    )
 }
 
 /// A pod held by a finalizer (`example.com/backup`) outlives its grace
