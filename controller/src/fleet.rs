@@ -167,9 +167,9 @@ impl Fleet {
         })
     }
 
-    /// A judge of one decision: the nodes as watched now, `alerts` as
-    /// read, the time `now`.
-    pub fn judge<'a>(&'a self, alerts: &'a AlertsSeen, now: Timestamp) -> Judge<'a> {
+    /// A judge of one decision: the nodes as watched now (`listed`: the
+    /// watch listed them once), `alerts` as read, the time `now`.
+    pub fn judge<'a>(&'a self, alerts: &'a AlertsSeen, now: Timestamp, listed: bool) -> Judge<'a> {
         let nodes = if self.gates.needs_nodes() {
             let mut nodes = self.nodes.locked();
             let Nodes { live, snapshot, .. } = &mut *nodes;
@@ -182,6 +182,7 @@ impl Fleet {
         Judge {
             gates: &self.gates,
             nodes,
+            listed,
             alerts,
             now,
         }
@@ -192,6 +193,7 @@ impl Fleet {
 pub struct Judge<'a> {
     gates: &'a Gates,
     nodes: Arc<Vec<FleetNode>>,
+    listed: bool,
     alerts: &'a AlertsSeen,
     now: Timestamp,
 }
@@ -202,6 +204,7 @@ impl Judge<'_> {
     pub fn hold(&self, me: &Entry, all: &[Entry]) -> Option<Held> {
         let observed = gates::GateInputs {
             nodes: &self.nodes,
+            nodes_listed: self.listed,
             now: self.now,
             alerts: self.alerts,
         };
@@ -213,25 +216,6 @@ impl Judge<'_> {
                 message,
             }),
         }
-    }
-}
-
-/// The wait of a maintenance that has not started while the nodes are not
-/// listed yet: named after the budget that needs them (max-unavailable
-/// first, the order of the gates).
-pub fn unlisted(gates: &Gates) -> Held {
-    let (reason, flag) = match gates.max_unavailable {
-        Some(_) => (gates::GateReason::MaxUnavailable, "--max-unavailable"),
-        None => (gates::GateReason::ZoneBudget, "--max-concurrent-per-zone"),
-    };
-    Held {
-        reason,
-        message: format!(
-            "waits for the node list: {flag} counts the nodes, and this controller has not \
-             listed them yet (it started or reconnected just now); if this lasts, check that \
-             it may list and watch nodes (its ClusterRole) and its log for the nodes watch"
-        ),
-        requeue: crate::plan::REQUEUE_PENDING,
     }
 }
 
@@ -405,14 +389,14 @@ mod tests {
         let fleet = zone_fleet();
         let alerts = AlertsSeen::NotRead;
         fleet.observe(&watcher::Event::Apply(node("n1", "True")));
-        let first = fleet.judge(&alerts, Timestamp::UNIX_EPOCH).nodes;
+        let first = fleet.judge(&alerts, Timestamp::UNIX_EPOCH, true).nodes;
         fleet.observe(&watcher::Event::Apply(node("n1", "True")));
         assert!(Arc::ptr_eq(
             &first,
-            &fleet.judge(&alerts, Timestamp::UNIX_EPOCH).nodes
+            &fleet.judge(&alerts, Timestamp::UNIX_EPOCH, true).nodes
         ));
         fleet.observe(&watcher::Event::Apply(node("n1", "False")));
-        let after = fleet.judge(&alerts, Timestamp::UNIX_EPOCH).nodes;
+        let after = fleet.judge(&alerts, Timestamp::UNIX_EPOCH, true).nodes;
         assert!(
             !Arc::ptr_eq(&first, &after) && !after[0].ready,
             "a change rebuilds it"
@@ -438,34 +422,6 @@ mod tests {
             ungated.nodes_listed().await,
             "no node gate: nothing to wait for"
         );
-    }
-
-    #[test]
-    fn a_wait_for_the_node_list_names_the_budget_that_needs_it() {
-        let both = Gates {
-            max_unavailable: Some(gates::MaxUnavailable::Nodes(2)),
-            max_per_zone: 1,
-            ..Gates::default()
-        };
-        let zone = Gates {
-            max_per_zone: 1,
-            ..Gates::default()
-        };
-        let cases = [
-            (both, MaxUnavailable, "--max-unavailable"),
-            (zone, ZoneBudget, "--max-concurrent-per-zone"),
-        ];
-        for (gates, reason, flag) in cases {
-            let held = unlisted(&gates);
-            assert_eq!(held.reason, reason, "{flag}");
-            assert!(held.message.contains(flag), "{}", held.message);
-            assert!(
-                held.message.contains("list and watch nodes"),
-                "{}",
-                held.message
-            );
-            assert_eq!(held.requeue, crate::plan::REQUEUE_PENDING);
-        }
     }
 
     #[test]

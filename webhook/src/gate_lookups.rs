@@ -140,6 +140,8 @@ pub fn decide(
     };
     let observed = GateInputs {
         nodes: nodes.as_slice(),
+        // A lookup that answered is a whole list (paged to its end).
+        nodes_listed: true,
         now,
         alerts: &alerts,
     };

@@ -44,17 +44,14 @@ async fn admitted(seen: Observed, ctx: &Ctx) -> Observed {
     // Read outside the lock (a bounded request, cached a few seconds), and
     // only for a maintenance that has not started.
     let waits = own.phase.is_none() || own.phase == Some(MaintenancePhase::Pending);
-    // The budgets count the nodes: none starts before they are listed.
-    if waits && !ctx.fleet.nodes_listed().await {
-        let held = crate::fleet::unlisted(&ctx.fleet.gates);
-        return seen.gated(held.reason, held.message, held.requeue);
-    }
-    let alerts = if waits {
-        ctx.fleet.alerts().await
+    // The budgets count the nodes: the rule holds a start until they are
+    // listed (this waits a little for the first list).
+    let (alerts, listed) = if waits {
+        (ctx.fleet.alerts().await, ctx.fleet.nodes_listed().await)
     } else {
-        AlertsSeen::NotRead
+        (AlertsSeen::NotRead, true)
     };
-    let judge = ctx.fleet.judge(&alerts, seen.now);
+    let judge = ctx.fleet.judge(&alerts, seen.now, listed);
     let gate = |me: &slots::Entry, all: &[slots::Entry]| judge.hold(me, all);
     match ctx
         .admissions

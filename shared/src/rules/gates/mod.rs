@@ -174,6 +174,10 @@ impl FleetNode {
 pub struct GateInputs<'a> {
     /// Every Node (empty unless [`Gates::needs_nodes`]).
     pub nodes: &'a [FleetNode],
+    /// Whether `nodes` is the whole fleet (the node watch listed it once):
+    /// until then the budgets hold every start (they would count a partial
+    /// fleet).
+    pub nodes_listed: bool,
     pub now: Timestamp,
     pub alerts: &'a AlertsSeen,
 }
@@ -251,6 +255,7 @@ pub fn may_start(me: &Entry, all: &[Entry], observed: &GateInputs, gates: &Gates
     paused(me, all, gates)
         .or_else(|| alerts::check(observed.alerts, gates.alerts.as_ref()))
         .or_else(|| outside_window(observed.now, &gates.windows))
+        .or_else(|| unlisted(observed, gates))
         .or_else(|| budgets::check(me, all, observed, gates))
         .unwrap_or(GateDecision::Start)
 }
@@ -279,6 +284,27 @@ fn paused(me: &Entry, all: &[Entry], gates: &Gates) -> Option<GateDecision> {
             "waits: NodeMaintenance {} failed; no maintenance starts until it is deleted \
              (--pause-after-failure)",
             names.join(", ")
+        ),
+    )
+}
+
+/// The budgets need the whole fleet: until the nodes are listed, a wait
+/// named after the budget that needs them (max-unavailable first, the
+/// order of the gates).
+fn unlisted(observed: &GateInputs, gates: &Gates) -> Option<GateDecision> {
+    if observed.nodes_listed || !gates.needs_nodes() {
+        return None;
+    }
+    let (reason, flag) = match gates.max_unavailable {
+        Some(_) => (GateReason::MaxUnavailable, "--max-unavailable"),
+        None => (GateReason::ZoneBudget, "--max-concurrent-per-zone"),
+    };
+    GateDecision::wait(
+        reason,
+        format!(
+            "waits for the node list: {flag} counts the nodes, and this controller has not \
+             listed them yet (it started or reconnected just now); if this lasts, check that \
+             it may list and watch nodes (its ClusterRole) and its log for the nodes watch"
         ),
     )
 }

@@ -51,6 +51,7 @@ fn ts(text: &str) -> Timestamp {
 fn observe<'a>(nodes: &'a [FleetNode], alerts: &'a AlertsSeen, now: &str) -> GateInputs<'a> {
     GateInputs {
         nodes,
+        nodes_listed: true,
         now: ts(now),
         alerts,
     }
@@ -945,5 +946,50 @@ fn slots_and_each_gate_combined() {
             _ => false,
         };
         assert!(ok, "{name}: want {want:?}, got {t:?}");
+    }
+}
+
+#[test]
+fn a_wait_for_the_node_list_names_the_budget_that_needs_it() {
+    let both = Gates {
+        max_unavailable: Some(MaxUnavailable::Nodes(2)),
+        max_per_zone: 1,
+        ..Gates::default()
+    };
+    let cases = [
+        (both, GateReason::MaxUnavailable, "--max-unavailable"),
+        (
+            per_zone(1),
+            GateReason::ZoneBudget,
+            "--max-concurrent-per-zone",
+        ),
+        (
+            windows(&[BERLIN_SATURDAY]),
+            GateReason::OutsideWindow,
+            "--maintenance-window",
+        ),
+    ];
+    let alerts = AlertsSeen::NotRead;
+    for (gates, reason, flag) in cases {
+        let inputs = GateInputs {
+            nodes: &[],
+            nodes_listed: false,
+            now: ts("2026-12-11T12:00:00Z"),
+            alerts: &alerts,
+        };
+        let me = e("me", "n1", "1", None);
+        match may_start(&me, std::slice::from_ref(&me), &inputs, &gates) {
+            GateDecision::Wait { reason: r, message } => {
+                assert_eq!(r, reason, "{flag}: {message}");
+                assert!(message.contains(flag), "{message}");
+                let unlisted = message.contains("list and watch nodes");
+                assert_eq!(
+                    unlisted,
+                    reason != GateReason::OutsideWindow,
+                    "only the budgets wait for the list: {message}"
+                );
+            }
+            GateDecision::Start => panic!("{flag}: started without the node list"),
+        }
     }
 }
