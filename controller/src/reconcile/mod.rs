@@ -1,9 +1,9 @@
 //! The NodeMaintenance reconciler. One pass has five stages:
 //!
-//! 1. **observe** ([`observe`]): the maintenance, its node and its turn
-//!    (slots and fleet gates decided together by `shared::rules::slots::turn`
-//!    over the caches, an admission recorded), read once into a
-//!    [`plan::Observed`] stamped with the context's clock;
+//! 1. **observe** ([`observe`]): the maintenance, its turn ([`admit`]: the
+//!    slots and fleet gates decided together by `shared::rules::slots::turn`
+//!    over the caches, an admission recorded) and its node, read once into
+//!    a [`plan::Observed`] stamped with the context's clock;
 //! 2. **decide** ([`plan::next`]): a pure function from that to a
 //!    [`plan::Plan`];
 //! 3. **apply** ([`apply`]): the plan carried out in one fixed order
@@ -17,6 +17,7 @@
 //! panic caught and recorded on the object, and a pass that lost to a newer
 //! version of the object decided again on a fresh read.
 
+mod admit;
 mod apply;
 mod ctx;
 mod error;

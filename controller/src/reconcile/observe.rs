@@ -1,14 +1,14 @@
 //! Observe: read what one pass decides on, once, into an [`Observed`]: the
 //! maintenance (the live copy when a cleanup may already be over), its
-//! slot, and its node when the pass needs it. A queue of waiting
+//! turn (decided by [`super::admit`] from the caches), and its node when
+//! the pass needs it. A queue of waiting
 //! maintenances costs no API requests: the node is read only once admitted.
 //! The node's pods are listed by the steps that act on them (the drain round
 //! lists after the cordon, so Succeeded rests on a list taken after it).
 
 use kube::ResourceExt;
+use shared::NodeMaintenance;
 use shared::api::consts::FINALIZER;
-use shared::rules::gates::AlertsSeen;
-use shared::{MaintenancePhase, NodeMaintenance, rules::slots};
 
 use super::{Ctx, Error};
 use crate::plan::{Admission, Lifecycle, NodeSeen, Observed};
@@ -25,41 +25,9 @@ pub(super) async fn observe(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Observ
     }
     let mut seen = observed(nm, lifecycle, ctx);
     if lifecycle == Lifecycle::Apply {
-        seen = admitted(seen, ctx).await;
+        seen = super::admit::admit(seen, ctx).await;
     }
     with_node(seen, ctx).await
-}
-
-/// `seen` with its admission: the slots (`--max-concurrent-maintenances`),
-/// then the fleet gates for one the slots would start, decided under the
-/// admissions' lock so two passes cannot both spend the last of a budget.
-async fn admitted(seen: Observed, ctx: &Ctx) -> Observed {
-    let all: Vec<slots::Entry> = ctx
-        .store
-        .state()
-        .iter()
-        .map(|o| slots::Entry::of(o))
-        .collect();
-    let own = slots::Entry::of(&seen.nm);
-    // Read outside the lock (a bounded request, cached a few seconds), and
-    // only for a maintenance that has not started.
-    let waits = own.phase.is_none() || own.phase == Some(MaintenancePhase::Pending);
-    // The budgets count the nodes: the rule holds a start until they are
-    // listed (this waits a little for the first list).
-    let (alerts, listed) = if waits {
-        (ctx.fleet.alerts().await, ctx.fleet.nodes_listed().await)
-    } else {
-        (AlertsSeen::NotRead, true)
-    };
-    let judge = ctx.fleet.judge(&alerts, seen.now, listed);
-    let gate = |me: &slots::Entry, all: &[slots::Entry]| judge.hold(me, all);
-    match ctx
-        .admissions
-        .decide_gated(&own, &all, ctx.max_concurrent_maintenances, gate)
-    {
-        Ok(slot) => seen.admitted(&slot),
-        Err(held) => seen.gated(held.reason, held.message, held.requeue),
-    }
 }
 
 /// `seen` with its node, when the pass needs it.
