@@ -27,7 +27,12 @@ out="$CLUSTER_DIR/real-node-install"
 uninstall() {
   [ -f "$out/rendered.yaml" ] || { log "nothing installed on the real node"; return 0; }
   log "uninstalling (kubectl delete of the rendered install)"
-  kc delete nodemaintenances --all --wait=true --timeout=60s >/dev/null 2>&1 || true
+  # While the controller still runs: it removes their finalizers; the CRD
+  # cannot be deleted before them.
+  if ! kc delete nodemaintenances --all --wait=true --timeout=60s >/dev/null 2>&1; then
+    die "NodeMaintenances still there 60 s after their deletion: $(kc get nodemaintenances -o name 2>/dev/null | tr '\n' ' ')
+the controller could not remove their finalizers: see its log, and whether a validating webhook refuses the update (kubectl get validatingwebhookconfigurations; one left by an aborted test run: tests/cluster/sweep.sh removes it)"
+  fi
   kc delete -f "$out/rendered.yaml" --ignore-not-found --wait=true --timeout=120s >/dev/null
   rm -rf "$out"
 }
