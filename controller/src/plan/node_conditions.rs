@@ -91,6 +91,9 @@ pub fn stage(intent: Intent, record: Option<&Record>) -> Option<Stage> {
             let record = record?;
             Some(match record.status.phase {
                 Some(MaintenancePhase::Failed) => Stage::Ended,
+                // Drained, then changed by hand: still drained as far as
+                // the maintenance goes (it leaves the node as it is).
+                _ if record.why.by_hand.is_some() => Stage::Drained,
                 // A lease not (yet) ours: the node was not taken.
                 _ if !record.why.cordoned => Stage::Waiting,
                 Some(MaintenancePhase::Succeeded) => Stage::Drained,
@@ -312,6 +315,18 @@ mod tests {
                 "drained",
                 Intent::Maintain,
                 Some(record(Succeeded, true)),
+                Some(Stage::Drained),
+            ),
+            (
+                "drained, then uncordoned by hand",
+                Intent::Maintain,
+                Some(Record {
+                    why: Why {
+                        by_hand: Some("uncordoned".into()),
+                        ..Why::new(Cause::Progress, false)
+                    },
+                    ..record(Succeeded, false)
+                }),
                 Some(Stage::Drained),
             ),
             (
