@@ -16,15 +16,27 @@ use super::{Ctx, EVENT_CORDON_KEPT, EVENT_NODE_WAS_CORDONED, EVENT_POD_FORCE_DEL
 use crate::drain::{self, LeavingPod, PodOutcome};
 use crate::node;
 use crate::node_lease::LeaseError;
+use crate::plan::node_conditions::{self, Stage};
 use crate::plan::{self, Deadline, LeaseOutcome, LeaseStep, NodeSeen, Observed, Plan, Record};
 
-/// Carry `plan` out; `seen.nm` follows every write. Returns the status to
-/// record, if the plan writes one.
-pub(super) async fn apply(
-    plan: Plan,
-    seen: &mut Observed,
-    ctx: &Ctx,
-) -> Result<Option<Record>, Error> {
+/// What a pass carried out: the status to record (if the plan writes one)
+/// and the stage the node reached, for its lifecycle conditions.
+pub(super) struct Applied {
+    pub write: Option<Record>,
+    pub stage: Option<Stage>,
+}
+
+/// Carry `plan` out; `seen.nm` follows every write.
+pub(super) async fn apply(plan: Plan, seen: &mut Observed, ctx: &Ctx) -> Result<Applied, Error> {
+    let pending = seen.nm.phase() == Some(&shared::MaintenancePhase::Pending);
+    let intent = node_conditions::Intent::of(&plan, pending);
+    let write = carry_out(plan, seen, ctx).await?;
+    let stage = node_conditions::stage(intent, write.as_ref());
+    Ok(Applied { write, stage })
+}
+
+/// The plan's steps in their fixed order; the status to record, if any.
+async fn carry_out(plan: Plan, seen: &mut Observed, ctx: &Ctx) -> Result<Option<Record>, Error> {
     let node = match &seen.node {
         NodeSeen::Present(node) => Some(node.as_ref()),
         _ => None,

@@ -43,7 +43,7 @@ pub use node_lifecycle::NodeSignals;
 
 use crate::metrics::ReconcileResult;
 use crate::own_writes::Current;
-use crate::plan::{self, node_conditions};
+use crate::plan;
 
 /// When to reconcile again: `None` waits for a change (kube's
 /// `Action::await_change`), `Some(d)` comes back after `d`.
@@ -181,20 +181,14 @@ async fn step(nm: NodeMaintenance, ctx: &Ctx) -> Result<Requeue, Error> {
     let mut seen = observe::observe(nm, ctx).await?;
     let plan = plan::next(&seen, ctx.allow_force_drain);
     let carried_on = seen.lifecycle == plan::Lifecycle::Apply;
-    // What the node's lifecycle conditions will say, known before the
-    // plan is consumed; written once the status is.
-    let pending = seen.nm.phase() == Some(&shared::MaintenancePhase::Pending);
-    let intent = node_conditions::Intent::of(&plan, pending);
     match apply::apply(plan, &mut seen, ctx).await {
-        Ok(Some(write)) => {
-            let stage = node_conditions::stage(intent, Some(&write));
-            let requeue = record::record(ctx, &mut seen.nm, write).await?;
-            node_lifecycle::sync(ctx, &seen.nm, stage).await;
+        Ok(applied) => {
+            let requeue = match applied.write {
+                Some(write) => record::record(ctx, &mut seen.nm, write).await?,
+                None => None,
+            };
+            node_lifecycle::sync(ctx, &seen.nm, applied.stage).await;
             Ok(requeue)
-        }
-        Ok(None) => {
-            node_lifecycle::sync(ctx, &seen.nm, node_conditions::stage(intent, None)).await;
-            Ok(None)
         }
         // A conflict is no news for the user: the pass is decided again.
         Err(e) if e.is_conflict() || !carried_on => Err(e),
