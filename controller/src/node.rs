@@ -75,13 +75,7 @@ fn is_cordoned(node: &Node) -> bool {
 
 /// True when the node carries everything a maintenance puts on it.
 pub fn is_in_maintenance(node: &Node) -> bool {
-    let taints = taints_of(node).map(Vec::as_slice).unwrap_or_default();
-    maintenance_taints().iter().all(|m| {
-        taints
-            .iter()
-            .any(|t| t.key == m.key && t.effect == m.effect)
-    }) && is_cordoned(node)
-        && has_label(node)
+    undone(node).is_empty()
 }
 
 /// What was taken off `node` of what its maintenance puts on (each as

@@ -7,6 +7,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::api::consts::{ROLE_CONTROL_PLANE_LABEL, ROLE_MASTER_LABEL};
 
+/// Whether `labels` carry every key=value of `selector` (an equality label
+/// selector; empty selects everything): `--fleet-node-selector` and the
+/// webhook's `--nodemaintenance-selector` both match with it.
+pub fn labels_match(
+    selector: &BTreeMap<String, String>,
+    labels: Option<&BTreeMap<String, String>>,
+) -> bool {
+    selector
+        .iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+}
+
 /// An owner reference to `node` (apiVersion v1, kind Node, name, uid), so
 /// deleting the Node garbage-collects the owned object. The node lease
 /// carries it as it is (as the medik8s library writes it); the

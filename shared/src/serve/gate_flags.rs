@@ -76,9 +76,7 @@ pub struct Selector(pub BTreeMap<String, String>);
 impl Selector {
     /// Whether `labels` carry every key=value of the selector.
     pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        self.0
-            .iter()
-            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        crate::rules::nodes::labels_match(&self.0, labels)
     }
 }
 

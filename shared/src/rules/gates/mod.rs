@@ -104,9 +104,7 @@ impl Gates {
     /// Whether a node with `labels` counts for the budgets
     /// (`--fleet-node-selector`).
     pub fn counts_node(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        self.node_selector
-            .iter()
-            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        crate::rules::nodes::labels_match(&self.node_selector, labels)
     }
 
     /// Whether any gate is set (none: every maintenance the slots admit starts).
