@@ -2,6 +2,11 @@
 //! component `NodeMaintenance`, so `kubectl describe` and existing alerting on
 //! event reasons see exactly what they saw before. Failing to write an event
 //! is logged, never fatal: it must not block a maintenance.
+//!
+//! Events are sent in the background (as client-go's recorder does): a
+//! maintenance never waits for its event's round trip, so the give-back and
+//! the next node's start are not held by it. Unit tests send them inline, so
+//! a scenario reads its requests in order.
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
@@ -14,6 +19,8 @@ use shared::api::consts::{EVENT_COMPONENT, EventSpec};
 pub struct Events {
     client: Client,
     instance: String,
+    /// Send each event from a task of its own (false: within the call).
+    background: bool,
 }
 
 /// A reference to any object for an event's `involvedObject`.
@@ -31,7 +38,17 @@ pub fn reference<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReference {
 
 impl Events {
     pub fn new(client: Client, instance: String) -> Self {
-        Events { client, instance }
+        Events {
+            client,
+            instance,
+            background: true,
+        }
+    }
+
+    /// These events sent within the call that records them (unit tests).
+    pub fn inline(mut self) -> Self {
+        self.background = false;
+        self
     }
 
     pub async fn publish(&self, on: ObjectReference, ev: EventSpec) {
@@ -39,6 +56,18 @@ impl Events {
     }
 
     async fn send(&self, on: ObjectReference, reason: &str, warning: bool, message: &str) {
+        let (client, event) = (
+            self.client.clone(),
+            self.event(on, reason, warning, message),
+        );
+        if self.background {
+            tokio::spawn(create(client, event));
+        } else {
+            create(client, event).await;
+        }
+    }
+
+    fn event(&self, on: ObjectReference, reason: &str, warning: bool, message: &str) -> Event {
         let now = Timestamp::now();
         let obj_name = on.name.clone().unwrap_or_default();
         // Cluster-scoped objects (Node, NodeMaintenance) get their events in "default".
@@ -46,10 +75,10 @@ impl Events {
             .namespace
             .clone()
             .unwrap_or_else(|| "default".to_string());
-        let event = Event {
+        Event {
             metadata: ObjectMeta {
                 name: Some(format!("{obj_name}.{:x}", now.as_nanosecond())),
-                namespace: Some(ns.clone()),
+                namespace: Some(ns),
                 ..Default::default()
             },
             involved_object: on,
@@ -68,15 +97,6 @@ impl Events {
             reporting_component: Some(EVENT_COMPONENT.to_string()),
             reporting_instance: Some(self.instance.clone()),
             ..Default::default()
-        };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
-        if let Err(e) = api.create(&PostParams::default(), &event).await {
-            tracing::warn!(
-                object = %obj_name, reason, error = %e,
-                "could not record event; check the controller may create events in namespace {ns}"
-            );
-        } else {
-            tracing::debug!(object = %obj_name, reason, "event recorded");
         }
     }
 
@@ -104,5 +124,20 @@ impl Events {
         message: &str,
     ) {
         self.send(reference(obj), reason, true, message).await;
+    }
+}
+
+/// Create `event`; a failure is logged (an event never holds anything back).
+async fn create(client: Client, event: Event) {
+    let ns = event.metadata.namespace.clone().unwrap_or_default();
+    let obj_name = event.involved_object.name.clone().unwrap_or_default();
+    let reason = event.reason.clone().unwrap_or_default();
+    let api: Api<Event> = Api::namespaced(client, &ns);
+    match api.create(&PostParams::default(), &event).await {
+        Err(e) => tracing::warn!(
+            object = %obj_name, %reason, error = %e,
+            "could not record event; check the controller may create events in namespace {ns}"
+        ),
+        Ok(_) => tracing::debug!(object = %obj_name, %reason, "event recorded"),
     }
 }

@@ -122,15 +122,23 @@ impl NodeCache {
 
     /// A node just read live.
     pub fn put(&self, node: &Node) {
-        self.store(node, false);
+        self.store(node, false, true);
     }
 
     /// What our patch of a node returned.
     pub fn wrote(&self, node: &Node) {
-        self.store(node, true);
+        self.store(node, true, true);
     }
 
-    fn store(&self, node: &Node, ours: bool) {
+    /// What our patch of a node returned, if the node is cached (a node
+    /// given back is not taken back in).
+    pub fn wrote_if_cached(&self, node: &Node) {
+        self.store(node, true, false);
+    }
+
+    /// Keep `node` (`ours`: our patch's answer); a node not cached yet
+    /// only when `add`.
+    fn store(&self, node: &Node, ours: bool, add: bool) {
         let Some(name) = node.metadata.name.clone() else {
             return;
         };
@@ -156,7 +164,7 @@ impl NodeCache {
                     e.own_write = written;
                 }
             }
-            None => {
+            None if add => {
                 m.insert(
                     name,
                     Entry {
@@ -166,6 +174,7 @@ impl NodeCache {
                     },
                 );
             }
+            None => {}
         }
     }
 

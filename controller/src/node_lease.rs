@@ -52,6 +52,13 @@ fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+impl LeaseError {
+    /// The API server answered with HTTP status `code`.
+    fn is_code(&self, code: u16) -> bool {
+        matches!(self, LeaseError::Api { source: kube::Error::Api(s), .. } if s.code == code)
+    }
+}
+
 impl NodeLeases {
     pub fn new(client: Client, namespace: String) -> Self {
         NodeLeases {
@@ -108,16 +115,17 @@ impl NodeLeases {
     /// Take, renew or keep the lease of `node` for us.
     pub async fn request(&self, node: &Node) -> Result<(), LeaseError> {
         let name = lease_name(&node.name_any());
-        let cached = self.ours().remove(&name);
-        let from_cache = cached.is_some();
-        match self.request_on(node, &name, cached).await {
+        let Some(cached) = self.ours().remove(&name) else {
+            // Most nodes have no lease yet: create it without reading
+            // first; one that exists (409) is read and judged.
+            return match self.create(node, &name, self.clock.now()).await {
+                Err(e) if e.is_code(409) => self.request_on(node, &name, None).await,
+                other => other,
+            };
+        };
+        match self.request_on(node, &name, Some(cached)).await {
             // Someone wrote the lease since our last write: judge it as it is now.
-            Err(LeaseError::Api {
-                source: kube::Error::Api(s),
-                ..
-            }) if from_cache && (s.code == 409 || s.code == 404) => {
-                self.request_on(node, &name, None).await
-            }
+            Err(e) if e.is_code(409) || e.is_code(404) => self.request_on(node, &name, None).await,
             other => other,
         }
     }
@@ -197,11 +205,13 @@ impl NodeLeases {
             Err(e) if is_not_found(&e) => {
                 // The namespace is missing: create it, then the lease.
                 self.ensure_namespace(name).await?;
-                self.api()
+                let written = self
+                    .api()
                     .create(&PostParams::default(), &lease)
                     .await
-                    .map(|_| ())
-                    .map_err(|e| self.err("create", name, e))
+                    .map_err(|e| self.err("create", name, e))?;
+                self.keep(name, written);
+                Ok(())
             }
             Err(e) => Err(self.err("create", name, e)),
         }
@@ -239,7 +249,15 @@ impl NodeLeases {
     /// that and goes on, so this is not an error).
     pub async fn release(&self, node_name: &str) -> Result<(), LeaseError> {
         let name = lease_name(node_name);
-        self.ours().remove(&name);
+        // Our last write, when we have it, is the lease as it stands unless
+        // someone wrote it since (then the delete's precondition fails).
+        let known = self.ours().remove(&name);
+        if let Some(ours) = known {
+            match self.delete(&name, &ours).await {
+                Err(e) if e.is_code(409) => {}
+                done => return done,
+            }
+        }
         let lease = match self.api().get_opt(&name).await {
             Ok(Some(l)) => l,
             Ok(None) => return Ok(()),
@@ -251,7 +269,12 @@ impl NodeLeases {
             tracing::info!(lease = %name, %holder, "lease held by someone else: left alone");
             return Ok(());
         }
-        // Only the lease we judged: one taken over since is not ours to delete.
+        self.delete(&name, &lease).await
+    }
+
+    /// Delete `lease` as judged: one written since (taken over, say) is
+    /// not ours to delete, so its version and uid are the precondition.
+    async fn delete(&self, name: &str, lease: &Lease) -> Result<(), LeaseError> {
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
                 resource_version: lease.metadata.resource_version.clone(),
@@ -259,10 +282,10 @@ impl NodeLeases {
             }),
             ..Default::default()
         };
-        match self.api().delete(&name, &dp).await {
+        match self.api().delete(name, &dp).await {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(self.err("delete", &name, e)),
+            Err(e) => Err(self.err("delete", name, e)),
         }
     }
 }

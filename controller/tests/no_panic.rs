@@ -401,14 +401,22 @@ fn slot_decision() -> impl Strategy<Value = SlotDecision> {
 }
 
 fn round() -> impl Strategy<Value = Round> {
-    (pods(), prop::option::of(text()), pods(), any::<bool>()).prop_map(
-        |(remaining, blocker, migrating, departures_watched)| Round {
-            remaining,
-            blocker,
-            migrating,
-            departures_watched,
-        },
+    (
+        pods(),
+        prop::option::of(text()),
+        pods(),
+        any::<bool>(),
+        any::<bool>(),
     )
+        .prop_map(
+            |(remaining, blocker, migrating, departures_watched, listed_before_cordon)| Round {
+                remaining,
+                blocker,
+                migrating,
+                departures_watched,
+                listed_before_cordon,
+            },
+        )
 }
 
 fn any_duration() -> impl Strategy<Value = Duration> {
@@ -519,9 +527,17 @@ fn check_lease(st: &Status, outcome: LeaseOutcome) {
 fn check_round(st: &Status, round: Round, retry: Duration) {
     let left = round.remaining.len();
     let waiting = round.blocker.is_some() || !round.migrating.is_empty();
+    let before_cordon = round.listed_before_cordon;
     let next = plan::after_round(st, round, retry);
     assert_progress(&next.status, "after_round");
-    if left == 0 {
+    if left == 0 && before_cordon {
+        // Documented: a list taken before the cordon never says Succeeded;
+        // a list after it follows at once.
+        assert_eq!(next.status.phase, st.phase);
+        assert_eq!(next.status.drain_progress, 100);
+        assert!(next.status.pending_pods.is_empty() && next.status.pending_pods_refs.is_empty());
+        assert_eq!(next.requeue, plan::REQUEUE_NOW);
+    } else if left == 0 {
         // Documented: nothing left is Succeeded, 100, lists cleared. (A
         // Failed maintenance never gets here: admit says Final first.)
         assert_eq!(next.status.phase, Some(MaintenancePhase::Succeeded));

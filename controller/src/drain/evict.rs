@@ -6,9 +6,11 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::EvictParams;
 use shared::PodReference;
+use shared::rules::sync::LockExt;
 
 use super::kubevirt::{is_kubevirt_evacuation, is_virt_launcher};
 use super::{Drainer, LeavingPod, PodOutcome, STUCK_AFTER};
@@ -31,6 +33,41 @@ pub const EVICTION_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// before a request is sent so that a request is queued, and deferred, only
 /// while it is not yet on the wire. FIFO: the drains are served in turn.
 pub const IN_FLIGHT: usize = 32;
+
+/// How long an accepted eviction answers for its pod: a pod whose eviction
+/// we saw accepted within this time, listed again without its deletion
+/// mark (a list served from the API server's watch cache can trail the
+/// eviction), is on its way out and gets no second request (which would be
+/// answered 404, or take an eviction slot for nothing).
+pub const ACCEPTED_FRESH: Duration = Duration::from_secs(30);
+
+/// The evictions accepted lately, by pod uid.
+#[derive(Default)]
+pub(super) struct Accepted(std::sync::Mutex<std::collections::HashMap<String, Timestamp>>);
+
+impl Accepted {
+    /// The eviction of pod `uid` was accepted at `now`; older entries go.
+    fn note(&self, uid: &str, now: Timestamp) {
+        let mut m = self.0.locked();
+        m.retain(|_, at| fresh(*at, now));
+        m.insert(uid.to_string(), now);
+    }
+
+    /// Whether the eviction of pod `uid` was accepted within [`ACCEPTED_FRESH`] of `now`.
+    fn lately(&self, uid: &str, now: Timestamp) -> bool {
+        self.0.locked().get(uid).is_some_and(|at| fresh(*at, now))
+    }
+
+    fn forget(&self, uid: &str) {
+        self.0.locked().remove(uid);
+    }
+}
+
+/// An eviction accepted `at` still answers for its pod at `now`.
+fn fresh(at: Timestamp, now: Timestamp) -> bool {
+    let age = now.duration_since(at);
+    !age.is_negative() && age.unsigned_abs() < ACCEPTED_FRESH
+}
 
 fn api_message(e: &kube::Error) -> String {
     match e {
@@ -116,6 +153,9 @@ async fn evict_one(
         }
         return (r, PodOutcome::Terminating(since));
     }
+    if drainer.accepted.lately(&uid, drainer.clock.now()) {
+        return (r, PodOutcome::Evicted);
+    }
     // Past the deadline nothing new is sent, even with slots free: the round
     // must end in time to write what it learnt.
     if tokio::time::Instant::now() >= deadline {
@@ -174,6 +214,10 @@ async fn request_eviction(
     if !matches!(outcome, PodOutcome::Migrating { .. }) {
         drainer.migrations.forget(uid);
     }
+    match outcome {
+        PodOutcome::Evicted => drainer.accepted.note(uid, drainer.clock.now()),
+        _ => drainer.accepted.forget(uid),
+    }
     tracing::debug!(pod = %format!("{}/{}", r.namespace, r.name), outcome = ?outcome, "eviction answered");
     outcome
 }
@@ -193,4 +237,42 @@ pub(super) async fn evict_all(
         .buffer_unordered(drainer.concurrency.max(1))
         .collect()
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).expect("a valid time")
+    }
+
+    #[test]
+    fn an_accepted_eviction_answers_for_its_pod_for_a_while() {
+        let accepted = Accepted::default();
+        accepted.note("u-1", at(0));
+        for (now, want, case) in [
+            (at(0), true, "just accepted"),
+            (at(29), true, "within the window"),
+            (at(30), false, "the window is over: asked again"),
+            (at(-1), false, "a clock that went back judges nothing fresh"),
+        ] {
+            assert_eq!(accepted.lately("u-1", now), want, "{case}");
+        }
+        assert!(
+            !accepted.lately("u-2", at(0)),
+            "another pod (or the same name, new uid)"
+        );
+        accepted.note("u-2", at(40));
+        assert_eq!(
+            accepted.0.locked().len(),
+            1,
+            "stale entries go on the next note"
+        );
+        accepted.forget("u-2");
+        assert!(
+            !accepted.lately("u-2", at(40)),
+            "a later refusal or 404 forgets it"
+        );
+    }
 }

@@ -48,6 +48,8 @@ pub struct Drainer {
     /// `--migration-warning-after`.
     migration_warning_after: Duration,
     migrations: kubevirt::Migrations,
+    /// Evictions accepted lately (a stale list does not evict them again).
+    accepted: evict::Accepted,
     daemonsets: list::DaemonSetAnswers,
     /// The time terminating pods are judged by (set by unit tests).
     pub(crate) clock: crate::clock::Clock,
@@ -67,6 +69,7 @@ impl Drainer {
             slots: tokio::sync::Semaphore::new(IN_FLIGHT),
             migration_warning_after,
             migrations: kubevirt::Migrations::default(),
+            accepted: evict::Accepted::default(),
             daemonsets: list::DaemonSetAnswers::default(),
             clock: crate::clock::Clock::system(),
         }

@@ -23,8 +23,8 @@ mod next;
 pub mod node_conditions;
 pub use next::{
     NodeSeen, Observed, Plan, REQUEUE_NOW, Record, Why, after_drain, after_lease_step,
-    drain_deadline, drain_timeout, first_sight, lease_cause, left_to_hand, left_to_hand_record,
-    next, owner_refs,
+    drain_deadline, drain_timeout, lease_cause, left_to_hand, left_to_hand_record, next,
+    owner_refs,
 };
 
 /// How soon to come back while pods are leaving on their own.
@@ -88,7 +88,7 @@ pub enum Admission {
         reason: GateReason,
         requeue: Duration,
     },
-    /// Go on. `first_sight`: record the starting point (see [`begin`]) first.
+    /// Go on. `first_sight`: record the starting point (see [`begin`]) too.
     Proceed { first_sight: bool },
 }
 
@@ -259,6 +259,10 @@ pub struct Round {
     /// maintenance when the last of them has gone (`drain_wakes`): the poll
     /// is then only a backstop.
     pub departures_watched: bool,
+    /// The pods were listed before this pass cordoned the node (the first
+    /// round lists beside the lease request): such a list cannot say the
+    /// node is empty, as a pod may have been scheduled in between.
+    pub listed_before_cordon: bool,
 }
 
 /// The status to write after a round, and when to come back.
@@ -277,14 +281,21 @@ pub struct Next {
 pub fn after_round(status: &Status, round: Round, blocked_retry: Duration) -> Next {
     let mut st = status.clone();
     if round.remaining.is_empty() {
-        st.phase = Some(MaintenancePhase::Succeeded);
         st.drain_progress = 100;
         st.pending_pods.clear();
         st.pending_pods_refs.clear();
         st.last_error.clear();
+        // A list taken before the cordon says nothing of pods scheduled
+        // since: listed again at once, after it.
+        let requeue = if round.listed_before_cordon {
+            REQUEUE_NOW
+        } else {
+            st.phase = Some(MaintenancePhase::Succeeded);
+            REQUEUE_HOLD
+        };
         return Next {
             status: st,
-            requeue: REQUEUE_HOLD,
+            requeue,
             refresh: false,
         };
     }
@@ -696,12 +707,14 @@ mod tests {
             blocker: Some("pod ns/a: eviction blocked by a PodDisruptionBudget".into()),
             migrating: vec![],
             departures_watched: false,
+            listed_before_cordon: false,
         };
         let leaving = |pods: &[&str]| Round {
             remaining: pods.iter().map(|p| pod(p)).collect(),
             blocker: None,
             migrating: vec![],
             departures_watched: false,
+            listed_before_cordon: false,
         };
         let leaving_watched = |pods: &[&str]| Round {
             departures_watched: true,
@@ -712,12 +725,26 @@ mod tests {
             blocker: None,
             migrating: pods.iter().map(|p| pod(p)).collect(),
             departures_watched: false,
+            listed_before_cordon: false,
         };
         let with_error = |mut st: Status, e: &str| {
             st.last_error = e.into();
             st
         };
         let cases: Vec<(&str, Status, Round, Next)> = vec![
+            (
+                "nothing left in a list taken before the cordon: listed again at once",
+                running(2, &["a", "b"], 0),
+                Round {
+                    listed_before_cordon: true,
+                    ..Round::default()
+                },
+                Next {
+                    status: running(2, &[], 100),
+                    requeue: REQUEUE_NOW,
+                    refresh: false,
+                },
+            ),
             (
                 "nothing left: Succeeded, 100, lists cleared",
                 running(2, &["a", "b"], 0),

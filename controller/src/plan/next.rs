@@ -16,10 +16,9 @@ use shared::{NodeMaintenanceStatus as Status, api::consts::FINALIZER};
 
 use super::{
     Admission, Deadline, LeaseOutcome, Lifecycle, REQUEUE_PENDING, Round, admit, after_round,
-    begin, deadline, lifecycle, node_missing, timed_out, touched_node,
+    deadline, lifecycle, node_missing, timed_out, touched_node,
 };
 use crate::conditions::{self, Cause};
-use crate::node;
 
 /// Why a status is written, for its conditions: the cause, whether the node
 /// is in maintenance, and whether lastUpdate must move even if nothing else
@@ -102,10 +101,12 @@ impl Observed {
         lifecycle(has_finalizer, nm.metadata.deletion_timestamp.is_some())
     }
 
-    /// Whether this pass needs the node: an admitted maintenance, or the
-    /// cleanup of one that touched it.
+    /// Whether this pass needs the node: a new maintenance (its owner
+    /// reference goes with the finalizer), an admitted one, or the cleanup
+    /// of one that touched it.
     pub fn needs_node(&self) -> bool {
         match self.lifecycle {
+            Lifecycle::AddFinalizer => true,
             Lifecycle::Cleanup => touched_node(self.nm.phase()),
             Lifecycle::Apply => matches!(self.admission, Admission::Proceed { .. }),
             _ => false,
@@ -135,27 +136,28 @@ impl Observed {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Plan {
     Nothing,
-    /// New: add the finalizer and say BeginMaintenance.
-    AddFinalizer,
+    /// New: add the finalizer and say BeginMaintenance; the Node owner
+    /// reference goes in the same write when the node is there.
+    AddFinalizer {
+        owner_refs: Option<Vec<OwnerReference>>,
+    },
     /// Write only (waiting for a slot, a duplicate, a vanished node that
     /// was never touched).
     Write(Record),
     /// The maintenance ends for its node: undo what was done to the node
     /// (if it is there), release the lease, then write.
     GiveBack(Record),
-    /// First sight: the owner reference, then the starting point from a
-    /// list of the node's pods ([`first_sight`]), before anything moves (a
-    /// write that loses to a newer version evicts nothing on stale counts).
-    Begin {
-        owner_refs: Option<Vec<OwnerReference>>,
-        cordoned: bool,
-    },
     /// Lease, node into maintenance, one drain round (and, past a Force
     /// deadline, deletions); what to write follows from their outcomes
-    /// ([`after_lease_step`], [`after_drain`]).
+    /// ([`after_lease_step`], [`after_drain`]). On `first_sight` the
+    /// node's pods are listed beside the lease request for upstream's
+    /// starting point ([`begin`](super::begin)), written once the node is
+    /// in maintenance and before the first eviction (a write that loses to
+    /// a newer version of the object evicts nothing on stale counts).
     Maintain {
         owner_refs: Option<Vec<OwnerReference>>,
         deadline: Deadline,
+        first_sight: bool,
     },
     /// Deleted: give the node back if this maintenance touched it, then
     /// remove the finalizer (RemovedMaintenance).
@@ -164,13 +166,19 @@ pub enum Plan {
     },
 }
 
-/// Come back at once: the first sight's write is followed by the drain.
+/// Come back at once: a round that listed the node's pods before its
+/// cordon is followed by one that lists after it.
 pub const REQUEUE_NOW: Duration = Duration::ZERO;
 
 /// The plan for what was observed. `allow_force`: `--allow-force-drain`.
 pub fn next(seen: &Observed, allow_force: bool) -> Plan {
     match seen.lifecycle {
-        Lifecycle::AddFinalizer => Plan::AddFinalizer,
+        Lifecycle::AddFinalizer => Plan::AddFinalizer {
+            owner_refs: match &seen.node {
+                NodeSeen::Present(node) => owner_refs(&seen.nm, node),
+                _ => None,
+            },
+        },
         Lifecycle::Done => Plan::Nothing,
         Lifecycle::Cleanup => Plan::Cleanup {
             give_back: touched_node(seen.nm.phase()),
@@ -241,13 +249,6 @@ fn next_apply(seen: &Observed, allow_force: bool) -> Plan {
         }
     };
     let owner_refs = owner_refs(&seen.nm, node);
-    if first_sight {
-        let cordoned = node::is_in_maintenance(node);
-        return Plan::Begin {
-            owner_refs,
-            cordoned,
-        };
-    }
     // The optional drain deadline (beyond upstream), counted from the
     // cordon, judged before anything touches the node.
     let timeout = drain_timeout(&seen.nm);
@@ -263,21 +264,9 @@ fn next_apply(seen: &Observed, allow_force: bool) -> Plan {
         _ => Plan::Maintain {
             owner_refs,
             deadline,
+            first_sight,
         },
     }
-}
-
-/// What the first sight writes: upstream's starting bookkeeping ([`begin`])
-/// from `total` pods on the node and those that `must_leave`; the drain
-/// follows at once.
-pub fn first_sight(
-    status: &Status,
-    total: usize,
-    must_leave: Vec<PodReference>,
-    cordoned: bool,
-) -> Record {
-    let why = Why::new(Cause::Progress, cordoned);
-    write(begin(status, total, must_leave), why, Some(REQUEUE_NOW))
 }
 
 /// The owner references `nm` should carry for `node` (a non-controlling
@@ -536,24 +525,38 @@ mod tests {
     }
 
     #[test]
-    fn first_sight_begins_with_the_owner_reference() {
-        let plan = next(
-            &seen(nm(json!({}), json!({})), SlotDecision::Admitted, present()),
-            false,
-        );
-        let Plan::Begin {
+    fn the_owner_reference_goes_with_the_finalizer_and_first_sight_maintains() {
+        let new = nm(json!({}), json!({}));
+        let mut fresh = seen(new.clone(), SlotDecision::Admitted, present());
+        fresh.lifecycle = Lifecycle::AddFinalizer;
+        let Plan::AddFinalizer {
             owner_refs: Some(refs),
-            cordoned: false,
-        } = plan
+        } = next(&fresh, false)
         else {
-            panic!("first sight: {plan:?}");
+            panic!("a new maintenance: {:?}", next(&fresh, false));
         };
         assert_eq!(
             (refs[0].kind.as_str(), refs[0].uid.as_str()),
             ("Node", "n-1")
         );
-        let r = first_sight(&Status::default(), 3, vec![], false);
-        assert_eq!((r.status.total_pods, r.requeue), (3, Some(REQUEUE_NOW)));
+        fresh.node = NodeSeen::Gone;
+        assert_eq!(
+            next(&fresh, false),
+            Plan::AddFinalizer { owner_refs: None },
+            "a node not there yet: the finalizer alone"
+        );
+        let plan = next(&seen(new, SlotDecision::Admitted, present()), false);
+        assert!(
+            matches!(
+                plan,
+                Plan::Maintain {
+                    owner_refs: Some(_),
+                    first_sight: true,
+                    ..
+                }
+            ),
+            "first sight: {plan:?}"
+        );
     }
 
     #[test]

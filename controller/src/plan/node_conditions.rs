@@ -53,7 +53,7 @@ pub enum Intent {
     /// Nothing to say (a new object, a duplicate, a final one, a node that
     /// was never there).
     Silent,
-    /// Waiting for a slot, or the first sight before anything moves.
+    /// Waiting for a slot or a gate.
     Wait,
     /// Lease, cordon, a drain round: the record says how it went.
     Maintain,
@@ -66,12 +66,11 @@ impl Intent {
     /// Pending (a deleted one that only waited has a Planned to clear).
     pub fn of(plan: &Plan, pending: bool) -> Intent {
         match plan {
-            Plan::Nothing | Plan::AddFinalizer => Intent::Silent,
+            Plan::Nothing | Plan::AddFinalizer { .. } => Intent::Silent,
             Plan::Write(r) if matches!(r.why.cause, Cause::WaitingForSlot | Cause::Gate(_)) => {
                 Intent::Wait
             }
             Plan::Write(_) => Intent::Silent,
-            Plan::Begin { .. } => Intent::Wait,
             Plan::Maintain { .. } => Intent::Maintain,
             Plan::GiveBack(_) => Intent::End,
             Plan::Cleanup { give_back } if *give_back || pending => Intent::End,
@@ -360,7 +359,12 @@ mod tests {
         };
         let cases: Vec<(&str, Plan, bool, Intent)> = vec![
             ("nothing", Plan::Nothing, false, Intent::Silent),
-            ("finalizer", Plan::AddFinalizer, false, Intent::Silent),
+            (
+                "finalizer",
+                Plan::AddFinalizer { owner_refs: None },
+                false,
+                Intent::Silent,
+            ),
             ("queued for a slot", Plan::Write(wait), true, Intent::Wait),
             (
                 "duplicate never speaks for the node",
@@ -369,13 +373,14 @@ mod tests {
                 Intent::Silent,
             ),
             (
-                "first sight",
-                Plan::Begin {
+                "first sight: the record says whether the node was taken",
+                Plan::Maintain {
                     owner_refs: None,
-                    cordoned: false,
+                    deadline: crate::plan::Deadline::Unbounded,
+                    first_sight: true,
                 },
-                false,
-                Intent::Wait,
+                true,
+                Intent::Maintain,
             ),
             ("give back", Plan::GiveBack(waiting), false, Intent::End),
             (

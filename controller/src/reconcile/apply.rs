@@ -9,15 +9,16 @@ use shared::api::consts::{
     EVENT_BEGIN_MAINTENANCE, EVENT_REMOVED_MAINTENANCE, EVENT_UNCORDON_NODE, FINALIZER,
     PRIOR_CORDON_ANNOTATION,
 };
-use shared::{DrainTimeoutAction, NodeMaintenance, PodReference};
+use shared::{DrainTimeoutAction, NodeMaintenance, NodeMaintenanceStatus, PodReference};
 
 use super::writes::{patch_metadata, patch_node, set_finalizers};
 use super::{Ctx, EVENT_CORDON_KEPT, EVENT_NODE_WAS_CORDONED, EVENT_POD_FORCE_DELETED, Error};
-use crate::drain::{self, LeavingPod, PodOutcome};
+use crate::conditions::Cause;
+use crate::drain::{self, LeavingPod, NodePods, PodOutcome};
 use crate::node;
 use crate::node_lease::LeaseError;
 use crate::plan::node_conditions::{self, Stage};
-use crate::plan::{self, Deadline, LeaseOutcome, LeaseStep, NodeSeen, Observed, Plan, Record};
+use crate::plan::{self, Deadline, LeaseOutcome, LeaseStep, NodeSeen, Observed, Plan, Record, Why};
 
 /// What a pass carried out: the status to record (if the plan writes one)
 /// and the stage the node reached, for its lifecycle conditions.
@@ -43,10 +44,14 @@ async fn carry_out(plan: Plan, seen: &mut Observed, ctx: &Ctx) -> Result<Option<
     };
     match plan {
         Plan::Nothing => Ok(None),
-        Plan::AddFinalizer => {
+        Plan::AddFinalizer { owner_refs } => {
             let mut finalizers = seen.nm.finalizers().to_vec();
             finalizers.push(FINALIZER.to_string());
-            let nm = set_finalizers(ctx, &seen.nm, finalizers).await?;
+            let mut fields = json!({ "finalizers": finalizers });
+            if let Some(refs) = owner_refs {
+                fields["ownerReferences"] = json!(refs);
+            }
+            let nm = patch_metadata(ctx, &seen.nm, fields, "add the finalizer to").await?;
             ctx.events.on(&nm, EVENT_BEGIN_MAINTENANCE).await;
             // The finalizer change comes back through the watch.
             Ok(None)
@@ -56,25 +61,16 @@ async fn carry_out(plan: Plan, seen: &mut Observed, ctx: &Ctx) -> Result<Option<
             give_back(ctx, &seen.nm.spec.node_name, node).await?;
             Ok(Some(record))
         }
-        Plan::Begin {
-            owner_refs,
-            cordoned,
-        } => {
-            set_owner_refs(ctx, &mut seen.nm, owner_refs).await?;
-            let pods = ctx.drainer.list(&seen.nm.spec.node_name).await?;
-            let must_leave = drain::references(&pods.must_leave);
-            let status = seen.status();
-            Ok(Some(plan::first_sight(
-                &status, pods.total, must_leave, cordoned,
-            )))
-        }
         Plan::Maintain {
             owner_refs,
             deadline,
+            first_sight,
         } => {
             set_owner_refs(ctx, &mut seen.nm, owner_refs).await?;
             match node {
-                Some(node) => maintain(ctx, &seen.nm, node, deadline).await.map(Some),
+                Some(node) => maintain(ctx, &mut seen.nm, node, deadline, first_sight)
+                    .await
+                    .map(Some),
                 None => Ok(None),
             }
         }
@@ -98,27 +94,20 @@ async fn set_owner_refs(
 }
 
 /// An admitted maintenance on an existing node: the lease, the node's
-/// state, one drain round (and past a Force deadline, deletions).
+/// state, one drain round (and past a Force deadline, deletions). On first
+/// sight, upstream's starting point is written once the node is in
+/// maintenance, before the first eviction.
 async fn maintain(
     ctx: &Ctx,
-    nm: &NodeMaintenance,
+    nm: &mut NodeMaintenance,
     node: &Node,
     deadline: Deadline,
+    first_sight: bool,
 ) -> Result<Record, Error> {
     let node_name = node.name_any();
-    let status = nm.status.clone().unwrap_or_default();
-    // The lease comes before anything touches the node.
-    let outcome = request_lease(ctx, nm, node).await;
-    let cause = plan::lease_cause(&outcome);
-    let step = plan::after_lease(&status, outcome);
-    if let LeaseStep::GiveUp { status, cause } = &step {
-        tracing::error!(nodemaintenance = %nm.name_any(), node = %node_name, error = %status.last_error,
-            last_lease_error = %cause, "lease lost for good: giving the node back");
-        give_back(ctx, &node_name, Some(node)).await?;
-    }
-    let cordoned = node::is_in_maintenance(node);
-    let status = match plan::after_lease_step(step, cause, cordoned, ctx.blocked_retry) {
-        Ok(status) => status,
+    let in_maintenance = node::enter_patch(node).is_none();
+    let (status, listed) = match taken(ctx, nm, node, first_sight, in_maintenance).await? {
+        Ok(taken) => taken,
         Err(record) => return Ok(*record),
     };
     let undone = node::undone(node);
@@ -127,8 +116,25 @@ async fn maintain(
             "node changed by hand after its drain finished: left as it is");
         return Ok(plan::left_to_hand_record(&status, &node_name, &undone));
     }
-    enter(ctx, nm, node, &node_name).await?;
-    let (round, left) = drain_round(ctx, &node_name).await?;
+    if let Err(e) = enter(ctx, nm, node, &node_name).await {
+        if first_sight {
+            // Upstream's starting point stands (phase Running) under the
+            // error the failed pass records.
+            let why = Why::new(Cause::Progress, false);
+            super::record::write_status(ctx, nm, status, why).await?;
+        }
+        return Err(e);
+    }
+    if first_sight {
+        let why = Why::new(Cause::Progress, true);
+        super::record::write_status(ctx, nm, status.clone(), why).await?;
+    }
+    let pods = match listed {
+        Some(pods) => pods,
+        None => ctx.drainer.list(&node_name).await?,
+    };
+    let before_cordon = first_sight && !in_maintenance;
+    let (round, left) = drain_round(ctx, &node_name, pods, before_cordon).await?;
     let mut forced = Vec::new();
     if deadline == Deadline::Passed(DrainTimeoutAction::Force) {
         // A VM being live-migrated is left to finish: deleting its pod
@@ -148,6 +154,41 @@ async fn maintain(
         deadline,
         ctx.blocked_retry,
     ))
+}
+
+/// The lease, before anything touches the node, and the node's pods
+/// listed beside it when the list needs no cordon first (first sight, for
+/// upstream's starting point; a node in maintenance already): the status
+/// to go on from and the pods, or the record of a lease not (or no longer)
+/// ours.
+async fn taken(
+    ctx: &Ctx,
+    nm: &NodeMaintenance,
+    node: &Node,
+    first_sight: bool,
+    in_maintenance: bool,
+) -> Result<Result<(NodeMaintenanceStatus, Option<NodePods>), Box<Record>>, Error> {
+    let node_name = node.name_any();
+    let (outcome, listed) = if first_sight || in_maintenance {
+        let (outcome, listed) =
+            tokio::join!(request_lease(ctx, nm, node), ctx.drainer.list(&node_name));
+        (outcome, Some(listed?))
+    } else {
+        (request_lease(ctx, nm, node).await, None)
+    };
+    let mut status = nm.status.clone().unwrap_or_default();
+    if let (true, Some(pods)) = (first_sight, &listed) {
+        status = plan::begin(&status, pods.total, drain::references(&pods.must_leave));
+    }
+    let cause = plan::lease_cause(&outcome);
+    let step = plan::after_lease(&status, outcome);
+    if let LeaseStep::GiveUp { status, cause } = &step {
+        tracing::error!(nodemaintenance = %nm.name_any(), node = %node_name, error = %status.last_error,
+            last_lease_error = %cause, "lease lost for good: giving the node back");
+        give_back(ctx, &node_name, Some(node)).await?;
+    }
+    let cordoned = node::is_in_maintenance(node);
+    Ok(plan::after_lease_step(step, cause, cordoned, ctx.blocked_retry).map(|st| (st, listed)))
 }
 
 /// Put `node` into maintenance when anything of it is missing, noting a
@@ -205,11 +246,14 @@ async fn request_lease(ctx: &Ctx, nm: &NodeMaintenance, node: &Node) -> LeaseOut
     }
 }
 
-/// List the node's pods (after the cordon, so "nothing left" is true),
-/// evict what must leave (concurrently, bounded) and report what is still
+/// Evict what must leave of the node's `pods` (concurrently, bounded) and report what is still
 /// there and why.
-async fn drain_round(ctx: &Ctx, node_name: &str) -> Result<(plan::Round, Vec<LeavingPod>), Error> {
-    let pods = ctx.drainer.list(node_name).await?;
+async fn drain_round(
+    ctx: &Ctx,
+    node_name: &str,
+    pods: NodePods,
+    listed_before_cordon: bool,
+) -> Result<(plan::Round, Vec<LeavingPod>), Error> {
     let budget = tokio::time::Instant::now() + drain::EVICTION_BUDGET;
     let outcomes = ctx.drainer.evict(&pods.must_leave, budget).await;
     for o in outcomes.values() {
@@ -236,6 +280,7 @@ async fn drain_round(ctx: &Ctx, node_name: &str) -> Result<(plan::Round, Vec<Lea
         departures_watched: !left.is_empty()
             && on_their_way
             && ctx.departures_watched.contains(node_name),
+        listed_before_cordon,
     };
     Ok((round, left))
 }

@@ -203,6 +203,9 @@ impl Ctx {
             })?;
         if let Some(node) = &node {
             self.node_cache.put(node);
+            if self.node_lifecycle_conditions {
+                self.node_signals.read(node);
+            }
         }
         Ok(node)
     }

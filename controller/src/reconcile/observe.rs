@@ -1,8 +1,9 @@
 //! Observe: read what one pass decides on, once, into an [`Observed`]: the
 //! maintenance (the live copy when a cleanup may already be over), its
 //! turn (decided by [`super::admit`] from the caches), and its node when
-//! the pass needs it. A queue of waiting
-//! maintenances costs no API requests: the node is read only once admitted.
+//! the pass needs it. The node is read once, when the finalizer is added
+//! (its owner reference goes in the same write), and then comes from the
+//! node cache: a queue of waiting maintenances costs no API requests.
 //! The node's pods are listed by the steps that act on them (the drain round
 //! lists after the cordon, so Succeeded rests on a list taken after it).
 
@@ -30,12 +31,15 @@ pub(super) async fn observe(mut nm: NodeMaintenance, ctx: &Ctx) -> Result<Observ
     with_node(seen, ctx).await
 }
 
-/// `seen` with its node, when the pass needs it.
+/// `seen` with its node, when the pass needs it. A new maintenance is not
+/// held back by a failed read: its owner reference then comes later.
 async fn with_node(mut seen: Observed, ctx: &Ctx) -> Result<Observed, Error> {
     if seen.needs_node() {
-        seen.node = match ctx.read_node(&seen.nm.spec.node_name).await? {
-            Some(node) => NodeSeen::Present(Box::new(node)),
-            None => NodeSeen::Gone,
+        seen.node = match ctx.read_node(&seen.nm.spec.node_name).await {
+            Ok(Some(node)) => NodeSeen::Present(Box::new(node)),
+            Ok(None) => NodeSeen::Gone,
+            Err(_) if seen.lifecycle == Lifecycle::AddFinalizer => NodeSeen::NotRead,
+            Err(e) => return Err(e),
         };
     }
     Ok(seen)

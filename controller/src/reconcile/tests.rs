@@ -51,7 +51,8 @@ pub(super) async fn fake_ctx_with(api: &FakeApi, flags: &[&str]) -> Arc<Ctx> {
         evict: client,
     };
     let fleet = crate::fleet::Fleet::new(cfg.gates.gates()).expect("the gates of the test flags");
-    let ctx = Ctx::new(&cfg, clients, store, metrics, &leadership, fleet);
+    let mut ctx = Ctx::new(&cfg, clients, store, metrics, &leadership, fleet);
+    ctx.events = ctx.events.inline();
     Arc::new(ctx.with_clock(crate::clock::Clock::set_at(TEST_NOW)))
 }
 

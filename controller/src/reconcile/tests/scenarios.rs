@@ -3,7 +3,6 @@
 //! operator, node gone, deletion, and a refused node patch (failure).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
@@ -65,19 +64,14 @@ pub(super) fn pods(api: &FakeApi, blocked: bool) {
     );
 }
 
-/// A NodeMaintenance taken through its first passes: finalizer, then the
-/// starting point (phase Running).
+/// A NodeMaintenance taken through its first pass: the finalizer (with
+/// the Node owner reference); the next pass is its first sight.
 pub(super) async fn started(api: &FakeApi, ctx: &Arc<Ctx>) {
     new_nm(api);
     assert_eq!(
         pass(api, ctx).await.expect("finalizer pass"),
         Action::await_change()
     );
-    assert_eq!(
-        pass(api, ctx).await.expect("first sight"),
-        Action::requeue(Duration::ZERO)
-    );
-    assert_eq!(phase(api), "Running");
     api.calls();
     api.events();
 }
@@ -89,14 +83,14 @@ async fn new_running_drained_succeeded() {
     pods(&api, false);
     let ctx = fake_ctx(&api).await;
     new_nm(&api);
-    the_finalizer_comes_first(&api, &ctx).await;
-    first_sight_writes_the_starting_point(&api, &ctx).await;
-    the_first_round_evicts_after_lease_and_cordon(&api, &ctx).await;
+    the_finalizer_and_owner_come_first(&api, &ctx).await;
+    first_sight_takes_the_node_and_evicts(&api, &ctx).await;
     an_empty_list_is_success(&api, &ctx).await;
 }
 
-/// Pass 1: the finalizer, and BeginMaintenance.
-async fn the_finalizer_comes_first(api: &FakeApi, ctx: &Arc<Ctx>) {
+/// Pass 1: the node read once, the finalizer and the Node owner reference
+/// in one write, and BeginMaintenance.
+async fn the_finalizer_and_owner_come_first(api: &FakeApi, ctx: &Arc<Ctx>) {
     assert_eq!(
         pass(api, ctx).await.expect("pass 1"),
         Action::await_change()
@@ -104,30 +98,40 @@ async fn the_finalizer_comes_first(api: &FakeApi, ctx: &Arc<Ctx>) {
     assert_eq!(
         calls(api),
         [
+            format!("GET {NODE_PATH}"),
             format!("PATCH {NM_PATH}"),
             "POST /api/v1/namespaces/default/events".into()
         ]
     );
     assert_eq!(api.events(), [("Normal".into(), "BeginMaintenance".into())]);
-    assert!(api.nm().metadata.finalizers.is_some_and(|f| f.len() == 1));
+    let nm = api.nm();
+    assert!(nm.metadata.finalizers.is_some_and(|f| f.len() == 1));
+    assert!(
+        nm.metadata
+            .owner_references
+            .is_some_and(|r| r.len() == 1 && r[0].kind == "Node"),
+        "the owner reference went with the finalizer"
+    );
 }
 
-/// Pass 2 (first sight): slot, node, owner reference, pods listed, the
-/// starting point written before anything moves.
-async fn first_sight_writes_the_starting_point(api: &FakeApi, ctx: &Arc<Ctx>) {
-    assert_eq!(
-        pass(api, ctx).await.expect("pass 2"),
-        Action::requeue(Duration::ZERO)
-    );
+/// Pass 2 (first sight): the lease and the pods listed side by side, the
+/// node into maintenance, upstream's starting point written, then the
+/// evictions from that list (no second list, no second status write).
+async fn first_sight_takes_the_node_and_evicts(api: &FakeApi, ctx: &Arc<Ctx>) {
+    let action = pass(api, ctx).await.expect("pass 2");
+    assert_eq!(action, Action::requeue(crate::plan::REQUEUE_TERMINATING));
     assert_eq!(
         calls(api),
         [
-            format!("GET {NODE_PATH}"),
-            format!("PATCH {NM_PATH}"),
+            "POST /apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases".into(),
             "GET /api/v1/pods".into(),
+            format!("PATCH {NODE_PATH}"),
             format!("PATCH {NM_PATH}/status"),
+            "POST /api/v1/namespaces/shop/pods/web-a/eviction".into(),
+            "POST /api/v1/namespaces/shop/pods/web-b/eviction".into(),
         ]
     );
+    assert!(node_unschedulable(api));
     let st = api.status();
     assert_eq!(
         (
@@ -137,38 +141,26 @@ async fn first_sight_writes_the_starting_point(api: &FakeApi, ctx: &Arc<Ctx>) {
         ),
         (json!("Running"), json!(2), json!(2))
     );
-    assert!(!node_unschedulable(api), "nothing moved on first sight");
-}
-
-/// Pass 3: lease, node into maintenance, the round's list and evictions,
-/// one status write.
-async fn the_first_round_evicts_after_lease_and_cordon(api: &FakeApi, ctx: &Arc<Ctx>) {
-    let action = pass(api, ctx).await.expect("pass 3");
-    assert_eq!(action, Action::requeue(crate::plan::REQUEUE_TERMINATING));
     assert_eq!(
-        calls(api),
-        [
-            format!("GET {LEASE_PATH}"),
-            "POST /apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases".into(),
-            format!("PATCH {NODE_PATH}"),
-            "GET /api/v1/pods".into(),
-            "POST /api/v1/namespaces/shop/pods/web-a/eviction".into(),
-            "POST /api/v1/namespaces/shop/pods/web-b/eviction".into(),
-            format!("PATCH {NM_PATH}/status"),
-        ]
-    );
-    assert!(node_unschedulable(api));
-    assert_eq!(
-        api.status()["pendingPods"],
+        st["pendingPods"],
         json!(["web-a", "web-b"]),
         "evicted pods are pending until a list no longer has them"
     );
 }
 
-/// Pass 4: the list is empty: Succeeded, SucceedMaintenance.
+/// Pass 3: the list (beside the lease, which the unmoved test clock keeps
+/// without a renewal) is empty: Succeeded, SucceedMaintenance.
 async fn an_empty_list_is_success(api: &FakeApi, ctx: &Arc<Ctx>) {
-    let action = pass(api, ctx).await.expect("pass 4");
+    let action = pass(api, ctx).await.expect("pass 3");
     assert_eq!(action, Action::requeue(crate::plan::REQUEUE_HOLD));
+    assert_eq!(
+        calls(api),
+        [
+            "GET /api/v1/pods".into(),
+            format!("PATCH {NM_PATH}/status"),
+            "POST /api/v1/namespaces/default/events".into(),
+        ]
+    );
     let st = api.status();
     assert_eq!(
         (st["phase"].clone(), st["drainProgress"].clone()),
@@ -239,11 +231,19 @@ async fn a_lease_held_by_another_operator_is_waited_for() {
     assert_eq!(
         calls(&api),
         [
+            "POST /apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases".into(),
+            "GET /api/v1/pods".into(),
             format!("GET {LEASE_PATH}"),
             format!("PATCH {NM_PATH}/status")
-        ]
+        ],
+        "the create finds the lease there: read and judged"
     );
     let st = api.status();
+    assert_eq!(
+        (st["phase"].clone(), st["evictionPods"].clone()),
+        (json!("Running"), json!(2)),
+        "upstream's starting point stands while the lease is waited for"
+    );
     assert_eq!(
         st["lastError"],
         shared::api::consts::msg_lease_held_by_other("NodeHealthCheck")
@@ -322,7 +322,7 @@ async fn deletion_gives_the_node_back_then_removes_the_finalizer() {
             format!("GET {NM_PATH}"),
             format!("PATCH {NODE_PATH}"),
             "POST /api/v1/namespaces/default/events".into(),
-            format!("GET {LEASE_PATH}"),
+            // Our last write of the lease is the precondition: no read.
             format!("DELETE {LEASE_PATH}"),
             format!("PATCH {NM_PATH}"),
             "POST /api/v1/namespaces/default/events".into(),
@@ -377,6 +377,7 @@ async fn a_finished_maintenance_leaves_a_node_changed_by_hand_alone() {
     api.put(NODE_PATH, fake::node("worker-1"));
     let ctx = fake_ctx(&api).await;
     started(&api, &ctx).await;
+    pass(&api, &ctx).await.expect("first sight");
     pass(&api, &ctx).await.expect("the drain round");
     assert_eq!(phase(&api), "Succeeded", "no pods: drained at once");
     api.calls();
