@@ -50,8 +50,9 @@ const GROUP: &str = "scale-bench";
 const MIB: f64 = 1024.0;
 const RSS_TARGET_MIB: f64 = 20.0;
 const ALL_SUCCEEDED_TARGET: Duration = Duration::from_secs(5);
-/// "A small constant" of API requests per maintenance beyond its evictions.
-const REQUESTS_BEYOND_EVICTIONS: f64 = 20.0;
+/// "A small constant" of API requests per maintenance beyond its evictions
+/// (issue 12 said 20; issue 38's lean hand-over asks for 15).
+const REQUESTS_BEYOND_EVICTIONS: f64 = 15.0;
 const LONG: Duration = Duration::from_secs(120);
 /// For the stages that move thousands of pods on a plane of two cores.
 const MASS: Duration = Duration::from_secs(900);
