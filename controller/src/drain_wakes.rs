@@ -61,15 +61,30 @@ const FOLLOW_MAINTENANCES: Duration = Duration::from_secs(1);
 
 type WatchEvent<K> = Result<watcher::Event<K>, watcher::Error>;
 
-/// The nodes whose pod watch is up (its first list done): the departure of
-/// the last pod a maintenance there waits for wakes it, so a drain round
-/// whose pods are all on their way out needs no quick poll.
+/// The nodes whose pod watch is up (its first list done, or started from
+/// a drain round's list): the departure of the last pod a maintenance there
+/// waits for wakes it, so a drain round whose pods are all on their way out
+/// needs no quick poll. Shared with the reconciler, which says where each
+/// drain listed its node's pods ([`WatchedNodes::drain_listed`]).
 #[derive(Clone, Default)]
-pub struct WatchedNodes(Arc<Mutex<HashSet<String>>>);
+pub struct WatchedNodes(Arc<Watched>);
+
+#[derive(Default)]
+struct Watched {
+    up: Mutex<HashSet<String>>,
+    /// Per node, the resourceVersion of its drain's last pod list, and when
+    /// it was said.
+    listed_at: Mutex<HashMap<String, (String, std::time::Instant)>>,
+    nudge: tokio::sync::Notify,
+}
+
+/// How long a drain's word (see [`WatchedNodes::drain_listed`]) makes its
+/// node wanted before the NodeMaintenance cache shows it Running.
+const LISTED_WORD_KEPT: Duration = Duration::from_secs(2);
 
 impl WatchedNodes {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.0.locked()
+        self.0.up.locked()
     }
     pub fn contains(&self, node: &str) -> bool {
         self.lock().contains(node)
@@ -87,6 +102,38 @@ impl WatchedNodes {
         } else {
             self.lock().remove(node);
         }
+    }
+
+    /// A drain round on `node` listed its pods at resourceVersion `at` and
+    /// left pods on their way out: the node's pod watch starts now (not on
+    /// the next look at the cache), from `at` (no list of its own). True
+    /// when it is (or will be) watched: no departure since `at` is missed.
+    pub fn drain_listed(&self, node: &str, at: Option<&str>) -> bool {
+        let watched = self.contains(node);
+        let starts = at.is_some() && self.len() < MAX_POD_WATCHES;
+        if let (Some(at), false) = (at, watched) {
+            let now = std::time::Instant::now();
+            let mut m = self.0.listed_at.locked();
+            m.retain(|_, (_, said)| now.duration_since(*said) < LISTED_WORD_KEPT);
+            m.insert(node.to_string(), (at.to_string(), now));
+            drop(m);
+            self.0.nudge.notify_one();
+        }
+        watched || starts
+    }
+
+    /// The nodes whose drain listed lately, each with where.
+    fn listed_lately(&self) -> HashMap<String, String> {
+        let now = std::time::Instant::now();
+        let mut m = self.0.listed_at.locked();
+        m.retain(|_, (_, said)| now.duration_since(*said) < LISTED_WORD_KEPT);
+        m.iter()
+            .map(|(n, (at, _))| (n.clone(), at.clone()))
+            .collect()
+    }
+
+    async fn nudged(&self) {
+        self.0.nudge.notified().await;
     }
 }
 
@@ -118,6 +165,7 @@ pub fn wakes(
     };
     futures::stream::unfold((state, None::<Ticks>), |(mut s, ticks)| async move {
         let mut ticks = ticks.unwrap_or_else(Ticks::new);
+        let up = s.up.clone();
         loop {
             if let Some(nm) = s.ready.pop_front() {
                 return Some((nm, (s, Some(ticks))));
@@ -126,6 +174,7 @@ pub fn wakes(
             let listing = s.deaf.listing();
             tokio::select! {
                 _ = ticks.follow.tick() => s.follow_maintenances(),
+                () = up.nudged() => s.follow_maintenances(),
                 _ = ticks.deaf.tick(), if deaf => s.poll_pdbs(),
                 Some(listed) = s.deaf.listed(), if listing => s.on_pdb_list(listed),
                 Some(e) = s.pdbs.next() => s.on_pdb(e),
@@ -313,9 +362,11 @@ impl Blockers {
     /// Start the pod watch of each node that came under maintenance, stop
     /// those of nodes whose maintenance ended.
     fn follow_maintenances(&mut self) {
-        let want: BTreeSet<String> = draining(&self.store.state())
+        let lately = self.up.listed_lately();
+        let mut want: BTreeSet<String> = draining(&self.store.state())
             .map(|nm| nm.spec.node_name.clone())
             .collect();
+        want.extend(lately.keys().cloned());
         let up = &self.up;
         self.watched.retain(|node, w| {
             let keep = want.contains(node);
@@ -336,24 +387,74 @@ impl Blockers {
                 }
                 return;
             }
-            let wc = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-            let (pods, stop) = futures::stream::abortable(shared::kube::watch::reconnecting(
-                watcher(Api::<PodMeta>::all(self.client.clone()), wc),
-            ));
-            let of = node.clone();
-            self.pods.push(pods.map(move |e| (of.clone(), e)).boxed());
-            self.watched.insert(
-                node,
-                PodWatch {
-                    stop,
-                    listed: false,
-                    first_list: BTreeSet::new(),
-                    pods: Departures::default(),
-                },
-            );
+            let from = lately.get(&node).cloned();
+            self.watch_pods(node, from);
         }
         self.over_limit_logged = false;
     }
+
+    /// Start the pod watch of `node`: from `from` (the resourceVersion of
+    /// its drain's pod list: up at once, nothing missed since that list),
+    /// else with a list of its own (up once that list is done).
+    fn watch_pods(&mut self, node: String, from: Option<String>) {
+        let listed = from.is_some();
+        let (pods, stop) = futures::stream::abortable(pod_events(&self.client, &node, from));
+        let of = node.clone();
+        self.pods.push(pods.map(move |e| (of.clone(), e)).boxed());
+        if listed {
+            tracing::debug!(%node, "watching the pods of node {node} under maintenance from its drain's list");
+            self.up.set(&node, true);
+        }
+        self.watched.insert(
+            node,
+            PodWatch {
+                stop,
+                listed,
+                first_list: BTreeSet::new(),
+                pods: Departures::default(),
+            },
+        );
+    }
+}
+
+/// The pod events of `node`: from resourceVersion `from` when given, until
+/// that watch ends (its timeout, a 410 Gone, an error), then those of a
+/// reconnecting watcher, which lists first (a later list: the node's
+/// maintenances look again).
+fn pod_events(
+    client: &Client,
+    node: &str,
+    from: Option<String>,
+) -> BoxStream<'static, WatchEvent<PodMeta>> {
+    let fields = format!("spec.nodeName={node}");
+    let api = Api::<PodMeta>::all(client.clone());
+    let listed = shared::kube::watch::reconnecting(watcher(
+        api.clone(),
+        watcher::Config::default().fields(&fields),
+    ));
+    let Some(from) = from else {
+        return listed.boxed();
+    };
+    let wp = kube::api::WatchParams::default().fields(&fields);
+    let started = futures::stream::once(async move { api.watch(&wp, &from).await })
+        .filter_map(|r| std::future::ready(r.ok()))
+        .flatten();
+    let resumed = started
+        .take_while(|e| {
+            std::future::ready(
+                matches!(e, Ok(ev) if !matches!(ev, kube::api::WatchEvent::Error(_))),
+            )
+        })
+        .filter_map(|e| {
+            std::future::ready(match e {
+                Ok(kube::api::WatchEvent::Added(p) | kube::api::WatchEvent::Modified(p)) => {
+                    Some(Ok(watcher::Event::Apply(p)))
+                }
+                Ok(kube::api::WatchEvent::Deleted(p)) => Some(Ok(watcher::Event::Delete(p))),
+                _ => None,
+            })
+        });
+    resumed.chain(listed).boxed()
 }
 
 /// Maintenances whose drain is under way: Running, not being deleted.
@@ -581,6 +682,27 @@ mod tests {
         v.into_iter()
             .map(|c| format!("{}/{} {}", c.namespace, c.name, c.what))
             .collect()
+    }
+
+    #[test]
+    fn a_drain_that_listed_its_pods_gets_its_watch_from_that_list() {
+        let w = WatchedNodes::default();
+        assert!(
+            !w.drain_listed("n1", None),
+            "no resourceVersion, no watch yet: the quick poll stays"
+        );
+        assert!(w.listed_lately().is_empty());
+        assert!(
+            w.drain_listed("n1", Some("42")),
+            "watched from the list's version on"
+        );
+        assert_eq!(w.listed_lately().get("n1").map(String::as_str), Some("42"));
+        w.set("n2", true);
+        assert!(w.drain_listed("n2", Some("43")), "watched already");
+        assert!(
+            !w.listed_lately().contains_key("n2"),
+            "a running watch is not started again"
+        );
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct NodePods {
     pub total: usize,
     /// Pods that must leave, in name order.
     pub must_leave: Vec<LeavingPod>,
+    /// The list's resourceVersion (a pod watch of the node starts there).
+    pub listed_at: Option<String>,
 }
 
 /// A pod that must leave the node, as the drain keeps it from the list to
@@ -99,7 +101,7 @@ pub(super) async fn list_node_pods(
     answers: &DaemonSetAnswers,
     node: &str,
 ) -> Result<NodePods, ListPodsError> {
-    let pods = shared::kube::partial::list_node_pod_views(client, node)
+    let (pods, listed_at) = shared::kube::partial::list_node_pod_views(client, node)
         .await
         .map_err(|source| ListPodsError::List {
             node: node.to_string(),
@@ -135,7 +137,11 @@ pub(super) async fn list_node_pods(
         .collect();
     // By namespace, then name (compared in place: no copies per comparison).
     must_leave.sort_by(|a, b| sort_key(a).cmp(&sort_key(b)));
-    Ok(NodePods { total, must_leave })
+    Ok(NodePods {
+        total,
+        must_leave,
+        listed_at,
+    })
 }
 
 /// How long an answer to "does DaemonSet ns/name exist" is trusted. Every

@@ -254,6 +254,14 @@ async fn drain_round(
     pods: NodePods,
     listed_before_cordon: bool,
 ) -> Result<(plan::Round, Vec<LeavingPod>), Error> {
+    // The node's pod watch starts from this list, before the evictions: it
+    // sees every departure they cause.
+    let watched = if pods.must_leave.is_empty() {
+        ctx.departures_watched.contains(node_name)
+    } else {
+        ctx.departures_watched
+            .drain_listed(node_name, pods.listed_at.as_deref())
+    };
     let budget = tokio::time::Instant::now() + drain::EVICTION_BUDGET;
     let outcomes = ctx.drainer.evict(&pods.must_leave, budget).await;
     for o in outcomes.values() {
@@ -277,9 +285,7 @@ async fn drain_round(
         remaining: drain::references(&left),
         blocker: ctx.drainer.blocker_summary(node_name, &outcomes),
         migrating: drain::migrating(&outcomes),
-        departures_watched: !left.is_empty()
-            && on_their_way
-            && ctx.departures_watched.contains(node_name),
+        departures_watched: !left.is_empty() && on_their_way && watched,
         listed_before_cordon,
     };
     Ok((round, left))

@@ -260,19 +260,24 @@ pub struct PodStatusView {
 /// server's watch cache), each decoded as a [`PodView`]: what the drain and
 /// the admission warnings read, without holding whole pod specs.
 pub async fn list_node_pods(client: &kube::Client, node: &str) -> kube::Result<Vec<Pod>> {
-    let views = list_node_pod_views(client, node).await?;
+    let (views, _) = list_node_pod_views(client, node).await?;
     Ok(views.into_iter().map(PodView::into_pod).collect())
 }
 
 /// [`list_node_pods`] as the views themselves: a caller converting one at a
 /// time (`PodView::into_pod`) never holds the node's pods as whole `Pod`s, a
 /// struct of some 2 KiB each even with an almost empty spec.
-pub async fn list_node_pod_views(client: &kube::Client, node: &str) -> kube::Result<Vec<PodView>> {
+/// Also the list's resourceVersion: a watch of the node's pods can start
+/// from it without a list of its own.
+pub async fn list_node_pod_views(
+    client: &kube::Client,
+    node: &str,
+) -> kube::Result<(Vec<PodView>, Option<String>)> {
     let lp = kube::api::ListParams::default()
         .fields(&format!("spec.nodeName={node}"))
         .match_any();
     let list = kube::Api::<PodView>::all(client.clone()).list(&lp).await?;
-    Ok(list.items)
+    Ok((list.items, list.metadata.resource_version))
 }
 
 impl PodView {

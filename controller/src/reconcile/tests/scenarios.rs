@@ -119,7 +119,12 @@ async fn the_finalizer_and_owner_come_first(api: &FakeApi, ctx: &Arc<Ctx>) {
 /// evictions from that list (no second list, no second status write).
 async fn first_sight_takes_the_node_and_evicts(api: &FakeApi, ctx: &Arc<Ctx>) {
     let action = pass(api, ctx).await.expect("pass 2");
-    assert_eq!(action, Action::requeue(crate::plan::REQUEUE_TERMINATING));
+    assert_eq!(
+        action,
+        Action::requeue(ctx.blocked_retry),
+        "the node's pod watch starts from this round's list: the last departure wakes the \
+         maintenance, the poll is the backstop"
+    );
     assert_eq!(
         calls(api),
         [
