@@ -24,7 +24,7 @@ use anyhow::Context as _;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -325,6 +325,12 @@ pub async fn fill(
             }
         }))?;
         create_once(&deployments, &dep).await?;
+        // A kept plane given more nodes: its Deployments follow the count.
+        let replicas = json!({"spec": {"replicas": n * PER_DEPLOYMENT_PER_NODE}});
+        deployments
+            .patch(&app, &PatchParams::default(), &Patch::Merge(&replicas))
+            .await
+            .with_context(|| format!("scaling Deployment {NAMESPACE}/{app} to {n} nodes"))?;
     }
     println!(
         "fill: DaemonSet agent and {DEPLOYMENTS} Deployments created ({} replicas each); creating {} bare pods",
