@@ -151,9 +151,15 @@ async fn write(ctx: &Ctx, node: &str, nm: &str, stage: Stage) -> Result<(), kube
         return Ok(());
     }
     let body = json!({"status": {"conditions": changes}});
-    let written = api
+    let written = match api
         .patch_status(node, &PatchParams::default(), &Patch::Strategic(body))
-        .await?;
+        .await
+    {
+        Ok(written) => written,
+        // Gone since it was last read: nothing to say on it.
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(e),
+    };
     ctx.node_signals.read(&written);
     // Its echo wakes no reconcile (only while the node is cached: a given
     // back node is not taken back into the cache).

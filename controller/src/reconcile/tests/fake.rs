@@ -77,6 +77,11 @@ impl FakeApi {
         self.state().objects.get(path).cloned()
     }
 
+    /// Delete what is stored at `path` (as someone else would).
+    pub fn remove(&self, path: &str) {
+        self.state().objects.remove(path);
+    }
+
     /// The NodeMaintenance as stored now.
     pub fn nm(&self) -> shared::NodeMaintenance {
         let obj = self.get(NM_PATH).unwrap_or(Value::Null);

@@ -218,3 +218,31 @@ async fn lease_errors_mid_drain_stop_the_maintenance() {
         "the other operator's lease is left alone"
     );
 }
+
+/// The node deleted under its maintenance: the cleanup's last condition
+/// write finds it gone (404), which leaves nothing kept for it.
+#[tokio::test]
+async fn a_node_deleted_under_its_maintenance_leaves_nothing_kept() {
+    let api = FakeApi::start();
+    api.put(NODE_PATH, fake::node("worker-1"));
+    let ctx = conditions_ctx(&api).await;
+    started(&api, &ctx).await;
+    pass(&api, &ctx).await.expect("first sight");
+    assert_eq!(ctx.node_signals.len(), 1, "the node's conditions are known");
+    api.remove(NODE_PATH);
+    mark_deleted(&api);
+    // The cached node is patched first (404): the next cleanup reads it gone.
+    let _ = pass(&api, &ctx).await;
+    pass(&api, &ctx)
+        .await
+        .expect("cleanup of a node that is gone");
+    assert!(
+        api.nm().metadata.finalizers.unwrap_or_default().is_empty(),
+        "the finalizer is removed"
+    );
+    assert_eq!(
+        ctx.node_signals.len(),
+        0,
+        "nothing kept for a node that is gone"
+    );
+}
