@@ -61,6 +61,10 @@ phase_is() { [ "$(jp nodemaintenance "$1" -o jsonpath='{.status.phase}')" = "$2"
 schedulable() { [ -z "$(jp node "$1" -o jsonpath='{.spec.unschedulable}')" ] || { echo "node $1 still unschedulable"; return 1; }; }
 gone() { ! kc get "$@" >/dev/null 2>&1 || { echo "$* still exists"; return 1; }; }
 nm() { printf 'apiVersion: nodemaintenance.medik8s.io/v1beta1\nkind: NodeMaintenance\nmetadata: {name: %s}\nspec: {nodeName: %s, reason: "real-node stage"}\n' "$1" "$2"; }
+# Apply NodeMaintenance $1 of node $2, its manifest made anew on each try (a
+# here-string given to until_ok is read by the first try only: every retry
+# then applied nothing and said so, hiding the first try's error).
+apply_nm() { nm "$1" "$2" | kc apply -f -; }
 
 cleanup() {
   local rc=$?
@@ -123,7 +127,7 @@ done
 say "3. a NodeMaintenance through the webhook pod"
 target=worker-1
 first="real-node-$target"
-until_ok "the webhook pod admitted NodeMaintenance $first" 60 kc apply -f - <<<"$(nm "$first" "$target")"
+until_ok "the webhook pod admitted NodeMaintenance $first" 60 apply_nm "$first" "$target"
 denied="$(kc apply -f - <<<"$(nm "$first-again" "$target")" 2>&1)" && die "a second NodeMaintenance for $target was admitted: $denied"
 [[ "$denied" == *"invalid nodeName, a NodeMaintenance for node $target already exists"* ]] ||
   die "the second NodeMaintenance for $target was refused, but not by the webhook's rule: $denied"
@@ -174,7 +178,7 @@ say "   idle: $(memory)"
 for i in $(seq 1 20); do
   node="worker-$(( (i - 1) % 3 + 1 ))"
   name="real-node-load-$i"
-  until_ok "NodeMaintenance $name admitted" 30 kc apply -f - <<<"$(nm "$name" "$node")"
+  until_ok "NodeMaintenance $name admitted" 30 apply_nm "$name" "$node"
   until_ok "NodeMaintenance $name Succeeded" 60 phase_is "$name" Succeeded
   kc delete nodemaintenance "$name" --wait=false >/dev/null
   until_ok "NodeMaintenance $name deleted" 60 gone nodemaintenance "$name"
