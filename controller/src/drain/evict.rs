@@ -34,8 +34,9 @@ pub const EVICTION_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// while it is not yet on the wire. FIFO: the drains are served in turn.
 /// 128: four maintenances' worth of `--max-concurrent-evictions`. With 32,
 /// ten zones draining at once shared what one drain may use, and a fleet of
-/// 100 over 10 zones took 2.29x the plane's floor (1.57x with 128; 30 at
-/// once 1.13x then 1.09x: docs/performance.md, run p).
+/// 100 over 10 zones took 2.29x the plane's floor (1.57x with 128, both
+/// with the waiters' rewrites held back; 30 at once 1.13x then 1.09x:
+/// docs/performance.md, run p).
 pub const IN_FLIGHT: usize = 128;
 
 /// How long an accepted eviction answers for its pod: a pod whose eviction

@@ -393,36 +393,6 @@ pub fn timed_out(status: &Status, timeout: Duration, node: &str) -> Status {
 
 /// Whether `new` must be written over `old`: it differs in anything but
 /// lastUpdate, or `refresh` asks for a fresh lastUpdate.
-/// While a maintenance keeps waiting for the same reason, its words (the
-/// message naming what holds it: the maintenances ahead, the one running in
-/// its zone) are rewritten at most this often. At a zone's hand-over every
-/// waiter of the zone would otherwise be rewritten at once (ten status
-/// writes per hand-over in a 200-maintenance fleet, more load on the API
-/// server than the drains' own requests).
-pub const WAIT_WORDS_EVERY: Duration = Duration::from_secs(30);
-
-/// `old` and `new` both wait (phase Pending) for the same reason, `new`
-/// says it in other words, and `old` was written less than
-/// [`WAIT_WORDS_EVERY`] before `now`: the write waits.
-pub fn wait_words_held(old: &Status, new: &Status, now: Timestamp) -> bool {
-    let pending = Some(MaintenancePhase::Pending);
-    let reason = |st: &Status| {
-        st.conditions
-            .iter()
-            .find(|c| c.type_ == crate::conditions::QUEUED && c.status == "True")
-            .map(|c| c.reason.clone())
-    };
-    let recent = old.last_update.as_ref().is_some_and(|t| {
-        let age = now.duration_since(t.0);
-        !age.is_negative() && age.unsigned_abs() < WAIT_WORDS_EVERY
-    });
-    old.phase == pending
-        && new.phase == pending
-        && reason(old).is_some()
-        && reason(old) == reason(new)
-        && recent
-}
-
 pub fn needs_write(old: &Status, new: &Status, refresh: bool) -> bool {
     if refresh {
         return true;
@@ -847,79 +817,6 @@ mod tests {
         ];
         for (name, status, round, want) in cases {
             assert_eq!(after_round(&status, round, REQUEUE_BLOCKED), want, "{name}");
-        }
-    }
-
-    #[test]
-    fn wait_words_table() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-        use k8s_openapi::jiff::SignedDuration;
-        let t0 = Timestamp::from_second(1_800_000_000).expect("time");
-        let waiting = |reason: &str, words: &str, written: i64| Status {
-            phase: Some(MaintenancePhase::Pending),
-            last_error: words.into(),
-            last_update: Some(Time(t0 + SignedDuration::from_secs(written))),
-            conditions: vec![Condition {
-                type_: crate::conditions::QUEUED.into(),
-                status: "True".into(),
-                reason: reason.into(),
-                message: words.into(),
-                last_transition_time: Time(t0),
-                observed_generation: None,
-            }],
-            ..Default::default()
-        };
-        let now = t0 + SignedDuration::from_secs(10);
-        let running = Status {
-            phase: Some(MaintenancePhase::Running),
-            ..Default::default()
-        };
-        let cases = [
-            (
-                "same reason, other words, written 10 s ago: held",
-                waiting("ZoneBudget", "a runs", 0),
-                waiting("ZoneBudget", "b runs", 0),
-                now,
-                true,
-            ),
-            (
-                "same reason, other words, written 30 s ago: written",
-                waiting("ZoneBudget", "a runs", -20),
-                waiting("ZoneBudget", "b runs", 0),
-                now,
-                false,
-            ),
-            (
-                "another reason: written at once",
-                waiting("ZoneBudget", "a runs", 0),
-                waiting("MaxUnavailable", "10 of 10", 0),
-                now,
-                false,
-            ),
-            (
-                "it starts: written at once",
-                waiting("ZoneBudget", "a runs", 0),
-                running.clone(),
-                now,
-                false,
-            ),
-            (
-                "it starts waiting: written at once",
-                running,
-                waiting("ZoneBudget", "a runs", 0),
-                now,
-                false,
-            ),
-            (
-                "a clock that went back: written",
-                waiting("ZoneBudget", "a runs", 20),
-                waiting("ZoneBudget", "b runs", 0),
-                now,
-                false,
-            ),
-        ];
-        for (name, old, new, now, held) in cases {
-            assert_eq!(wait_words_held(&old, &new, now), held, "{name}");
         }
     }
 

@@ -113,9 +113,7 @@ pub(super) async fn write_status(
     if let Some(cause) = &why.failure_cause {
         conditions::add_failure_cause(&mut new.conditions, cause);
     }
-    if !plan::needs_write(&old, &new, why.refresh)
-        || (!why.refresh && plan::wait_words_held(&old, &new, now.0))
-    {
+    if !plan::needs_write(&old, &new, why.refresh) {
         return Ok(());
     }
     new.last_update = Some(now);
