@@ -113,21 +113,28 @@ impl WatchedNodes {
         let starts = at.is_some() && self.len() < MAX_POD_WATCHES;
         if let (Some(at), false) = (at, watched) {
             let now = std::time::Instant::now();
-            let mut m = self.0.listed_at.locked();
-            m.retain(|_, (_, said)| now.duration_since(*said) < LISTED_WORD_KEPT);
-            m.insert(node.to_string(), (at.to_string(), now));
-            drop(m);
+            self.listed_words(now)
+                .insert(node.to_string(), (at.to_string(), now));
             self.0.nudge.notify_one();
         }
         watched || starts
     }
 
-    /// The nodes whose drain listed lately, each with where.
-    fn listed_lately(&self) -> HashMap<String, String> {
-        let now = std::time::Instant::now();
+    /// The drains' words still kept at `now` (older ones dropped).
+    fn listed_words(
+        &self,
+        now: std::time::Instant,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (String, std::time::Instant)>> {
         let mut m = self.0.listed_at.locked();
         m.retain(|_, (_, said)| now.duration_since(*said) < LISTED_WORD_KEPT);
-        m.iter()
+        m
+    }
+
+    /// The nodes whose drain listed lately, each with where.
+    fn listed_lately(&self) -> HashMap<String, String> {
+        let words = self.listed_words(std::time::Instant::now());
+        words
+            .iter()
             .map(|(n, (at, _))| (n.clone(), at.clone()))
             .collect()
     }

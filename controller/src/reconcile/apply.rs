@@ -116,19 +116,15 @@ async fn maintain(
             "node changed by hand after its drain finished: left as it is");
         return Ok(plan::left_to_hand_record(&status, &node_name, &undone));
     }
-    if let Err(e) = enter(ctx, nm, node, &node_name).await {
-        if first_sight {
-            // Upstream's starting point stands (phase Running) under the
-            // error the failed pass records.
-            let why = Why::new(Cause::Progress, false);
-            super::record::write_status(ctx, nm, status, why).await?;
-        }
-        return Err(e);
-    }
+    let entered = enter(ctx, nm, node, &node_name).await;
     if first_sight {
-        let why = Why::new(Cause::Progress, true);
+        // Upstream's starting point, before the first eviction; under a
+        // refused cordon it stands too (phase Running), with the error the
+        // failed pass records on top.
+        let why = Why::new(Cause::Progress, entered.is_ok());
         super::record::write_status(ctx, nm, status.clone(), why).await?;
     }
+    entered?;
     let pods = match listed {
         Some(pods) => pods,
         None => ctx.drainer.list(&node_name).await?,
@@ -246,8 +242,8 @@ async fn request_lease(ctx: &Ctx, nm: &NodeMaintenance, node: &Node) -> LeaseOut
     }
 }
 
-/// Evict what must leave of the node's `pods` (concurrently, bounded) and report what is still
-/// there and why.
+/// Evict what must leave of the node's `pods` (concurrently, bounded) and
+/// report what is still there and why.
 async fn drain_round(
     ctx: &Ctx,
     node_name: &str,
