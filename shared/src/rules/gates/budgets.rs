@@ -84,7 +84,9 @@ struct Walk<'a> {
     running: BTreeMap<Option<&'a str>, Vec<(&'a Entry, bool)>>,
     /// The first earlier one that waits for max-unavailable.
     unavailable_waiter: Option<&'a Entry>,
-    /// Per zone, the first earlier one that waits for its zone.
+    /// Per zone, the last earlier one that waits for its zone: the one
+    /// just ahead of the next, which stays so while the zone hands over
+    /// (its waiters' words change only when the one ahead starts).
     zone_waiters: BTreeMap<Option<&'a str>, &'a Entry>,
     /// `--fleet-node-selector` is set: only the nodes seen count (else a
     /// node not seen, e.g. gone, counts in the unlabelled zone).
@@ -153,7 +155,7 @@ impl<'a> Walk<'a> {
         } else if self.zone_waiters.contains_key(&zone)
             || (per_zone > 0 && self.running_in(zone).len() >= per_zone)
         {
-            self.zone_waiters.entry(zone).or_insert(e);
+            self.zone_waiters.insert(zone, e);
         } else {
             self.start(e, Cause::StartsFirst(e.name.clone()));
         }
@@ -214,7 +216,7 @@ pub(super) fn check(
     let zone = walk.zone(me);
     let waiter = walk.zone_waiters.get(&zone).copied();
     if per_zone > 0 && (walk.running_in(zone).len() >= per_zone || waiter.is_some()) {
-        let message = zone_message(&walk, zone, per_zone, &gates.zone_label);
+        let message = zone_message(&walk, zone, per_zone, &gates.zone_label, waiter);
         return GateDecision::wait(
             GateReason::ZoneBudget,
             message + &waiter_note(waiter, "in the same zone"),
@@ -223,7 +225,16 @@ pub(super) fn check(
     None
 }
 
-fn zone_message(walk: &Walk, zone: Option<&str>, per_zone: usize, label: &str) -> String {
+/// The zone's words. Those running are named only to the first waiter of
+/// the zone; a later one names the waiter just ahead of it (the note), so
+/// a zone's hand-over rewrites two waiters' status, not every waiter's.
+fn zone_message(
+    walk: &Walk,
+    zone: Option<&str>,
+    per_zone: usize,
+    label: &str,
+    waiter: Option<&Entry>,
+) -> String {
     let running = walk.running_in(zone);
     let names: Vec<String> = running
         .iter()
@@ -232,16 +243,16 @@ fn zone_message(walk: &Walk, zone: Option<&str>, per_zone: usize, label: &str) -
             true => format!("{} (node {}, starts first)", e.name, e.node),
         })
         .collect();
+    let listed = match (waiter, names.is_empty()) {
+        (Some(_), _) => String::new(),
+        (None, true) => ": none".to_string(),
+        (None, false) => format!(": {}", names.join(", ")),
+    };
     format!(
-        "waits for the zone budget: {} has {} of {per_zone} maintenance(s) running: {} \
+        "waits for the zone budget: {} has {} of {per_zone} maintenance(s) running{listed} \
          (--max-concurrent-per-zone={per_zone}, --zone-label={label})",
         zone_text(zone, label),
         running.len(),
-        if names.is_empty() {
-            "none".to_string()
-        } else {
-            names.join(", ")
-        },
     )
 }
 

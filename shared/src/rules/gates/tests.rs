@@ -589,6 +589,45 @@ fn zone_budget() {
     ]);
 }
 
+/// A zone of four: the holder, then three waiters. The later waiters name
+/// the one just ahead of them, not the holder, so their words stay the same
+/// while the zone hands over (only the first waiter's change).
+#[test]
+fn later_zone_waiters_keep_their_words_through_a_hand_over() {
+    let words = |all: &[Entry]| {
+        let nodes = fleet();
+        let observed = observe(&nodes, &AlertsSeen::NotRead, "2026-12-12T01:30:00Z");
+        let me = all.last().expect("an entry");
+        match may_start(me, all, &observed, &per_zone(1)) {
+            GateDecision::Wait { reason, message } => {
+                assert_eq!(reason, GateReason::ZoneBudget, "{message}");
+                message
+            }
+            GateDecision::Start => panic!("{} started", me.name),
+        }
+    };
+    let holder = e("h", "n0", "1", Some(Running));
+    let (w1, w2) = (e("w1", "n1", "2", None), e("w2", "n2", "3", None));
+    let me = e("me", "n3", "4", None);
+    let before = words(&[holder.clone(), w1.clone(), w2.clone(), me.clone()]);
+    assert!(
+        before.contains("w2 (node n2) waits ahead of it in the same zone"),
+        "{before}"
+    );
+    assert!(
+        !before.contains("h (node n0)"),
+        "a later waiter names the holder: {before}"
+    );
+    // The holder is given back: w1 starts first, w2 is now the first waiter.
+    let after = words(&[w1.clone(), w2.clone(), me.clone()]);
+    assert_eq!(
+        before, after,
+        "a later waiter's words changed with the holder"
+    );
+    let first = words(&[w1, w2]);
+    assert!(first.contains("w1 (node n1, starts first)"), "{first}");
+}
+
 /// Every gate blocks; lifting them one by one shows their order.
 #[test]
 fn gates_decide_in_their_documented_order() {
