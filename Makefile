@@ -2,6 +2,7 @@
 SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 CRD_FILE := manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml
+DRAIN_RULE_CRD_FILE := manifests/crd/nodemaintenance.medik8s.io_nodedrainrules.yaml
 
 .PHONY: help setup check-setup build test unit-test integration-test lint fmt crds cluster-up cluster-down companions real-node real-node-test deploy-local undeploy-local demo demo-real-node bench bench-scale test-arm64 images bundle check-bundle release
 
@@ -38,9 +39,10 @@ lint: setup ## cargo fmt --check, clippy with -D warnings, cargo machete (no unu
 fmt: ## Format the code
 	cargo fmt --all
 
-crds: ## Regenerate the CRD in manifests/ from the Rust types
-	cargo run -q -p nmo-shared --bin crdgen > $(CRD_FILE)
-	@echo "wrote $(CRD_FILE)"
+crds: ## Regenerate the CRDs in manifests/crd/ from the Rust types
+	cargo run -q -p nmo-shared --bin crdgen nodemaintenances > $(CRD_FILE)
+	cargo run -q -p nmo-shared --bin crdgen nodedrainrules > $(DRAIN_RULE_CRD_FILE)
+	@echo "wrote $(CRD_FILE) and $(DRAIN_RULE_CRD_FILE)"
 
 cluster-up: setup ## Build (cached) and start the local control plane; kubeconfig in .cluster/kubeconfig
 	bash tests/cluster/up.sh

@@ -67,6 +67,8 @@ for f in "$b" "$cm" "$os"; do
     has "$f" '^  name: nodemaintenances.nodemaintenance.medik8s.io$' "$n: the CRD is missing"
     has "$f" 'path: /validate-nodemaintenance-medik8s-io-v1beta1-nodemaintenance$' "$n: webhook path differs from upstream's"
     has "$f" '^  name: vnodemaintenance.kb.io$' "$n: webhook name differs from upstream's"
+    has "$f" '^  name: nodedrainrules.nodemaintenance.medik8s.io$' "$n: the NodeDrainRule CRD is missing"
+    has "$f" 'path: /validate-nodemaintenance-medik8s-io-v1alpha1-nodedrainrule$' "$n: the NodeDrainRule webhook is missing"
     has "$f" 'failurePolicy: Fail$' "$n: failurePolicy is not Fail"
     has "$f" '^  name: nmo-controller$' "$n: nmo-controller is missing"
     has "$f" '^  name: nmo-webhook$' "$n: nmo-webhook is missing"

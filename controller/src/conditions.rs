@@ -12,7 +12,8 @@
 //!   drain finished: the maintenance leaves the node as they left it).
 //! - `Drained`: every pod that had to leave has left.
 //! - `Blocked`: the drain cannot go on now; the message names every pod in
-//!   the way and why (PDB, eviction webhook denial), the lease holder, or
+//!   the way and why (PDB, eviction webhook denial, a drain rule waiting for
+//!   the pod to complete: reason WaitingForCompletion), the lease holder, or
 //!   the admission policy or webhook refusing the controller's node patch.
 //! - `Failed`: the maintenance failed for good (node missing, lease lost,
 //!   another maintenance owns the node).
@@ -38,6 +39,9 @@ pub enum Cause {
     Gate(GateReason),
     /// Evictions refused (PDB, eviction webhook); `lastError` says which.
     EvictionBlocked,
+    /// Pods a drain rule waits for until they complete (`WaitCompleted`),
+    /// and nothing else in the way; `lastError` names them.
+    WaitingForCompletion,
     /// Another operator holds the node's lease.
     LeaseHeldByOther,
     /// Taking or renewing the lease failed; retried.
@@ -67,6 +71,7 @@ impl Cause {
             Cause::WaitingForSlot => "WaitingForSlot",
             Cause::Gate(reason) => reason.as_str(),
             Cause::EvictionBlocked => "EvictionBlocked",
+            Cause::WaitingForCompletion => "WaitingForCompletion",
             Cause::LeaseHeldByOther => "LeaseHeldByOther",
             Cause::LeaseError => "LeaseError",
             Cause::ReconcileError => "ReconcileError",
@@ -83,6 +88,7 @@ impl Cause {
         matches!(
             self,
             Cause::EvictionBlocked
+                | Cause::WaitingForCompletion
                 | Cause::LeaseHeldByOther
                 | Cause::LeaseError
                 | Cause::ReconcileError
@@ -271,6 +277,12 @@ pub fn blocked_message(conditions: &[Condition]) -> Option<&str> {
 /// blockers differ from the last write's (not on every retry).
 pub fn drain_blocked_news<'a>(old: &[Condition], new: &'a [Condition]) -> Option<&'a str> {
     blocked_news(old, new, Cause::EvictionBlocked)
+}
+
+/// Whether a `DrainWaitingForCompletion` event is due: pods are waited for
+/// now and the set named differs from the last write's.
+pub fn waiting_news<'a>(old: &[Condition], new: &'a [Condition]) -> Option<&'a str> {
+    blocked_news(old, new, Cause::WaitingForCompletion)
 }
 
 /// Whether a warning about `cause` is due: the maintenance is blocked by it

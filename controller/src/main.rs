@@ -14,6 +14,7 @@ use shared::NodeMaintenance;
 use shared::serve::probes::{Gate, Readiness};
 
 use nmo_controller::config::Config;
+use nmo_controller::drain::DrainRules;
 use nmo_controller::reconcile::{Ctx, MAX_CONCURRENT_RECONCILES, error_policy, reconcile};
 use nmo_controller::{drain_wakes, fleet, leadership, metrics, serving, watches};
 
@@ -60,6 +61,9 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let (leadership, election) =
         leadership::Leadership::start(client.clone(), &cfg, &metrics).await?;
     let (store, writer) = reflector::store();
+    // The drain rules' caches: a drain round waits until they have listed.
+    let (drain_rules, fill_drain_rules) = DrainRules::watch(&client);
+    tokio::spawn(fill_drain_rules);
     let ctx = Arc::new(Ctx::new(
         &cfg,
         clients,
@@ -67,6 +71,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         metrics,
         &leadership,
         fleet,
+        drain_rules,
     ));
     let selector = &cfg.nodemaintenance_selector;
     let nms = watch_maintenances(&ctx, client.clone(), selector, writer, gate);

@@ -407,14 +407,25 @@ fn round() -> impl Strategy<Value = Round> {
         pods(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(remaining, blocker, migrating, departures_watched, listed_before_cordon)| Round {
+            |(
                 remaining,
                 blocker,
                 migrating,
                 departures_watched,
                 listed_before_cordon,
+                waits_only,
+            )| {
+                Round {
+                    remaining,
+                    blocker,
+                    migrating,
+                    departures_watched,
+                    listed_before_cordon,
+                    waits_only,
+                }
             },
         )
 }

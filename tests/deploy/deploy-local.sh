@@ -60,6 +60,9 @@ READY_TIMEOUT="${NMO_WEBHOOK_READY_TIMEOUT:-60}"
 STOP_TIMEOUT="${NMO_WEBHOOK_STOP_TIMEOUT:-15}"
 VWC_NAME=nmo-webhook
 WEBHOOK_PATH=/validate-nodemaintenance-medik8s-io-v1beta1-nodemaintenance
+# The NodeDrainRule path, as manifests/base/validating-webhook.yaml has it.
+DRAIN_RULE_WEBHOOK_PATH=$(grep -o '/validate-[a-z0-9-]*-nodedrainrule' "$REPO_ROOT/manifests/base/validating-webhook.yaml" | head -1)
+[ -n "$DRAIN_RULE_WEBHOOK_PATH" ] || die "no NodeDrainRule webhook path in manifests/base/validating-webhook.yaml"
 CONTROLLER_SCRIPT="$REPO_ROOT/tests/deploy/controller-local.sh"
 WEBHOOK_ONLY="${NMO_DEPLOY_WEBHOOK_ONLY:-}"
 
@@ -142,6 +145,22 @@ webhooks:
         apiVersions: ["v1beta1"]
         operations: ["CREATE", "UPDATE"]
         resources: ["nodemaintenances"]
+  - name: vnodedrainrule.nmo.medik8s.io
+    admissionReviewVersions: ["v1"]
+    sideEffects: None
+    failurePolicy: Fail
+    timeoutSeconds: 10
+    clientConfig:
+      url: https://127.0.0.1:$WEBHOOK_PORT$DRAIN_RULE_WEBHOOK_PATH
+      caBundle: $CA_BUNDLE
+    objectSelector:
+      matchExpressions:
+        - {key: nmo-test/group, operator: DoesNotExist}
+    rules:
+      - apiGroups: ["nodemaintenance.medik8s.io"]
+        apiVersions: ["v1alpha1"]
+        operations: ["CREATE", "UPDATE"]
+        resources: ["nodedrainrules"]
 EOF
 log "webhook ready (pid $(cat "$PIDS/webhook.pid")): https://127.0.0.1:$WEBHOOK_PORT$WEBHOOK_PATH, probes http://127.0.0.1:$PROBE_PORT/readyz"
 case "${NMO_WEBHOOK_METRICS_SECURE:-true}" in

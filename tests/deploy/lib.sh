@@ -97,11 +97,12 @@ build_all() {
 # of manifests/controller), and the metrics reader ServiceAccount. Once per deploy.
 apply_prereqs() {
   [ -z "${_NMO_DEPLOY_APPLIED:-}" ] || return 0
-  log "applying the CRD, namespace $NAMESPACE, manifests/controller and manifests/webhook (server-side)"
-  ssa -f "$REPO_ROOT/manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml" ||
-    die "applying the NodeMaintenance CRD failed"
-  kc wait --for=condition=Established --timeout=60s crd/nodemaintenances.nodemaintenance.medik8s.io >/dev/null ||
-    die "the NodeMaintenance CRD did not become Established within 60 s"
+  log "applying the CRDs, namespace $NAMESPACE, manifests/controller and manifests/webhook (server-side)"
+  ssa -k "$REPO_ROOT/manifests/crd/" ||
+    die "applying the CRDs of manifests/crd (NodeMaintenance, NodeDrainRule) failed"
+  kc wait --for=condition=Established --timeout=60s crd/nodemaintenances.nodemaintenance.medik8s.io \
+    crd/nodedrainrules.nodemaintenance.medik8s.io >/dev/null ||
+    die "the NodeMaintenance and NodeDrainRule CRDs did not become Established within 60 s"
   kc create namespace "$NAMESPACE" --dry-run=client -o yaml | ssa -f - ||
     die "creating namespace $NAMESPACE failed"
   ssa -k "$REPO_ROOT/manifests/controller/" || die "applying manifests/controller failed"

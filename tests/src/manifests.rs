@@ -113,6 +113,10 @@ pub async fn install_prereqs(client: &Client, rbac_files: &[&str]) -> anyhow::Re
             read("manifests/crd/nodemaintenance.medik8s.io_nodemaintenances.yaml")?,
         ),
         (
+            "the NodeDrainRule CRD".to_string(),
+            read("manifests/crd/nodemaintenance.medik8s.io_nodedrainrules.yaml")?,
+        ),
+        (
             "namespace nmo-system".to_string(),
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: nmo-system\n".to_string(),
         ),

@@ -6,7 +6,8 @@
 //! confirms a node the node cache has not seen yet (`confirm_node`).
 //!
 //! The admission warnings read a cluster-wide PodDisruptionBudget cache (few
-//! objects; it never gates readiness: warnings must not stop admissions);
+//! objects) and the drain rules' caches (NodeDrainRules, namespace labels);
+//! neither gates readiness: warnings must not stop admissions;
 //! their other lookups, and OpenShift detection, are `warning_lookups`'.
 
 use std::sync::{Arc, OnceLock};
@@ -17,6 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use shared::api::consts::ETCD_NAMESPACE;
+use shared::kube::drain_rules::DrainRules;
 use shared::kube::partial::{NodeMeta, forget_managed_fields};
 use shared::rules::nodes::is_control_plane;
 use shared::serve::probes::{Gate, Readiness};
@@ -54,6 +56,8 @@ pub struct Caches {
     pdbs: Cached<PodDisruptionBudget>,
     /// The warnings' own lookups (pods, KubeVirt), bounded per create.
     warning_lookups: WarningLookups,
+    /// The NodeDrainRules and namespace labels, for the warnings only.
+    drain_rules: DrainRules,
 }
 
 impl Caches {
@@ -95,12 +99,15 @@ impl Caches {
             &Readiness::default(),
             metrics,
         );
+        let (drain_rules, fill_drain_rules) = DrainRules::watch(&client);
+        tokio::spawn(fill_drain_rules);
         let caches = Arc::new(Caches {
             client: client.clone(),
             nodes,
             maintenances,
             etcd: OnceLock::new(),
             pdbs,
+            drain_rules,
             warning_lookups: WarningLookups::new(client.clone(), warning_settings),
         });
         tokio::spawn(caches.clone().start_etcd_caches(
@@ -212,6 +219,8 @@ impl Lookups for Caches {
         let caches = WarningCaches {
             maintenances: &self.maintenances,
             pdbs: &self.pdbs,
+            nodes: &self.nodes,
+            drain_rules: &self.drain_rules,
         };
         Box::pin(self.warning_lookups.warnings(nm, caches))
     }

@@ -13,6 +13,7 @@ pub mod body;
 pub mod cache;
 pub mod cached;
 pub mod config;
+pub mod drain_rule;
 pub mod etcd;
 pub mod gate_lookups;
 pub mod metrics;

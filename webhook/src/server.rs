@@ -21,6 +21,7 @@ use axum::routing::post;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use rustls::ServerConfig;
 use shared::api::consts::WEBHOOK_PATH;
+use shared::api::drain_rule::DRAIN_RULE_WEBHOOK_PATH;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -96,11 +97,30 @@ impl AppState {
     }
 }
 
-/// Router with the validate path only; everything else is 404 / 405.
+/// Router with the validate paths only (NodeMaintenance, upstream's;
+/// NodeDrainRule, ours); everything else is 404 / 405.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route(WEBHOOK_PATH, post(review_handler))
+        .route(DRAIN_RULE_WEBHOOK_PATH, post(drain_rule_handler))
         .with_state(state)
+}
+
+/// NodeDrainRule reviews: rare (an admin's edits), so the path's series are
+/// resolved per request.
+async fn drain_rule_handler(State(st): State<AppState>, req: Request) -> Response {
+    let start = Instant::now();
+    let m = &st.0.metrics;
+    let path = DRAIN_RULE_WEBHOOK_PATH;
+    m.requests_in_flight.with_label_values(&[path]).inc();
+    let resp = handle(&st.0, req, start).await;
+    m.requests_in_flight.with_label_values(&[path]).dec();
+    let code = resp.status();
+    m.requests_total
+        .with_label_values(&[code.as_str(), path])
+        .inc();
+    m.latency_for(path).observe(start.elapsed().as_secs_f64());
+    resp
 }
 
 /// Answers with `Connection: close` while `draining()` holds: during the

@@ -151,6 +151,10 @@ pub enum Reason {
     Malformed,
     /// The review is about some other resource than NodeMaintenance.
     UnexpectedResource,
+    /// A NodeDrainRule the controller can act on.
+    DrainRuleValid,
+    /// A NodeDrainRule with a field in error (named in the message).
+    InvalidDrainRule,
 }
 
 impl Reason {
@@ -173,6 +177,8 @@ impl Reason {
             Reason::LookupUnavailable => "lookup_unavailable",
             Reason::Malformed => "malformed",
             Reason::UnexpectedResource => "unexpected_resource",
+            Reason::DrainRuleValid => "drain_rule_valid",
+            Reason::InvalidDrainRule => "invalid_drain_rule",
         }
     }
 }
@@ -192,7 +198,7 @@ pub struct Decision {
 }
 
 impl Decision {
-    fn allow(reason: Reason) -> Self {
+    pub(crate) fn allow(reason: Reason) -> Self {
         Decision {
             allowed: true,
             code: 200,
@@ -203,7 +209,7 @@ impl Decision {
         }
     }
 
-    fn deny(reason: Reason, message: String) -> Self {
+    pub(crate) fn deny(reason: Reason, message: String) -> Self {
         Decision {
             allowed: false,
             code: 403,
@@ -239,6 +245,12 @@ impl Decision {
             )
     }
 
+    /// This decision about the object `name` (no node).
+    pub(crate) fn named(mut self, name: &str) -> Self {
+        self.object = name.to_string();
+        self
+    }
+
     fn about(mut self, nm: &NodeMaintenance) -> Self {
         self.object = nm
             .metadata
@@ -253,11 +265,14 @@ impl Decision {
 
 /// Decide on one admission request.
 pub fn decide(req: &ReviewRequest, lookups: &dyn Lookups, policy: Policy) -> Decision {
+    if req.kind.group == GROUP && req.kind.kind == crate::drain_rule::KIND {
+        return crate::drain_rule::decide(req);
+    }
     if req.kind.group != GROUP || req.kind.kind != KIND {
         return Decision::malformed(
             Reason::UnexpectedResource,
             format!(
-                "this webhook validates {GROUP} {KIND} objects only, got group {:?} kind {:?}; \
+                "this webhook validates {GROUP} {KIND} and NodeDrainRule objects only, got group {:?} kind {:?}; \
                  fix the rules of the ValidatingWebhookConfiguration that sent it",
                 req.kind.group, req.kind.kind
             ),

@@ -22,8 +22,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
 use shared::api::consts::{OPENSHIFT_CONFIG_GROUP, OPENSHIFT_CONFIG_VERSION};
+use shared::kube::drain_rules::DrainRules;
+use shared::kube::partial::NodeMeta;
+use shared::rules::drain::PodLabels;
 use shared::rules::ttl::TtlCache;
 use shared::serve::gate_flags::Selector;
 use shared::{NodeMaintenance, rules::slots};
@@ -62,6 +66,9 @@ pub struct WarningSettings {
 pub(crate) struct WarningCaches<'a> {
     pub maintenances: &'a Cached<NodeMaintenance>,
     pub pdbs: &'a Cached<PodDisruptionBudget>,
+    /// The node's labels (the drain rules' node selectors).
+    pub nodes: &'a Cached<NodeMeta>,
+    pub drain_rules: &'a DrainRules,
 }
 
 /// The warnings' lookups: their settings, the KubeVirt discovery answer and
@@ -115,7 +122,7 @@ impl WarningLookups {
             ..Default::default()
         };
         let queue = self.queue_facts(caches.maintenances, nm, deadline);
-        let node = self.node_facts(&mut facts, caches.pdbs, deadline);
+        let node = self.node_facts(&mut facts, &caches, deadline);
         let (queue, ()) = tokio::join!(queue, node);
         facts.slot_ahead = queue.slot_ahead;
         facts.gate = queue.wait;
@@ -161,12 +168,7 @@ impl WarningLookups {
 
     /// The node's part of the facts: its pods, the PodDisruptionBudgets of
     /// their namespaces and the VMIs of its virt-launcher pods.
-    async fn node_facts(
-        &self,
-        facts: &mut Facts,
-        pdbs: &Cached<PodDisruptionBudget>,
-        deadline: Deadline,
-    ) {
+    async fn node_facts(&self, facts: &mut Facts, caches: &WarningCaches<'_>, deadline: Deadline) {
         let node = facts.node.clone();
         let budget = self.settings.timeout;
         // A storm of creates (GitOps applying a hundred at once) looks up a
@@ -179,7 +181,7 @@ impl WarningLookups {
             ));
             return;
         };
-        match self.node_pods(&node, deadline).await {
+        match self.node_pods(&node, caches, deadline).await {
             Ok(pods) => facts.pods = pods,
             Err(unchecked) => {
                 facts.unchecked.push(unchecked);
@@ -189,7 +191,7 @@ impl WarningLookups {
         if facts.pods.is_empty() {
             return;
         }
-        match pdbs.ready_store() {
+        match caches.pdbs.ready_store() {
             Ok(store) => facts.pdbs = pdbs_of_pods(&store.state(), &facts.pods),
             Err(e) => facts
                 .unchecked
@@ -199,20 +201,51 @@ impl WarningLookups {
     }
 
     /// The pods of `node`, or the line saying they were not checked.
-    async fn node_pods(&self, node: &str, deadline: Deadline) -> Result<Vec<PodFacts>, String> {
+    async fn node_pods(
+        &self,
+        node: &str,
+        caches: &WarningCaches<'_>,
+        deadline: Deadline,
+    ) -> Result<Vec<PodFacts>, String> {
         let budget = self.settings.timeout;
         let pods = shared::kube::partial::list_node_pods(&self.client, node);
-        match tokio::time::timeout_at(deadline, pods).await {
-            Ok(Ok(pods)) => Ok(pods.iter().map(PodFacts::of).collect()),
-            Ok(Err(e)) => Err(format!("pods of node {node} not checked: {e}")),
-            Err(_) => Err(format!(
-                "pods of node {node} not checked: no answer within --warnings-timeout {budget:?}"
-            )),
+        let pods = match tokio::time::timeout_at(deadline, pods).await {
+            Ok(Ok(pods)) => pods,
+            Ok(Err(e)) => return Err(format!("pods of node {node} not checked: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "pods of node {node} not checked: no answer within --warnings-timeout {budget:?}"
+                ));
+            }
+        };
+        let mut facts: Vec<PodFacts> = pods.iter().map(PodFacts::of).collect();
+        // What the drain rules will do with each (the controller's decision).
+        let rules = match tokio::time::timeout_at(deadline, caches.drain_rules.current()).await {
+            Ok(Ok(rules)) => rules,
+            Ok(Err(e)) => return Err(format!("drain rules for node {node} not checked: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "drain rules for node {node} not checked: no answer within --warnings-timeout {budget:?}"
+                ));
+            }
+        };
+        let node_labels = (caches.nodes.ready_store().ok())
+            .and_then(|s| s.get(&ObjectRef::new(node)))
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default();
+        let node_rules = rules.for_node(&node_labels);
+        for (f, pod) in facts.iter_mut().zip(&pods) {
+            let empty = std::collections::BTreeMap::new();
+            let ns = caches.drain_rules.namespace_labels(&f.namespace);
+            f.drain = node_rules.decide(PodLabels {
+                labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
+                annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
+                namespace_labels: &ns,
+            });
         }
+        Ok(facts)
     }
 
-    /// Which VirtualMachineInstances of the node's virt-launcher pods cannot
-    /// live-migrate: asked only on a cluster that serves KubeVirt.
     async fn add_vmis(&self, facts: &mut Facts, deadline: Deadline) {
         let mut vmis: Vec<(String, String)> = facts
             .pods

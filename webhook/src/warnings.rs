@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::{Selector, SelectorExt};
+use shared::rules::drain::{DrainBehavior, PodDrain, Preview};
 use shared::rules::gates::GateReason;
 
 /// Warnings beyond this many are summed up in one "... and N more" line.
@@ -51,6 +52,9 @@ pub struct PodFacts {
     pub empty_dirs: Vec<String>,
     /// A virt-launcher pod: the VirtualMachineInstance it runs.
     pub vmi: Option<String>,
+    /// What the drain rules do with it (`shared::rules::drain`, the
+    /// controller's decision); upstream's drain by default.
+    pub drain: PodDrain,
 }
 
 impl PodFacts {
@@ -63,6 +67,7 @@ impl PodFacts {
             .then(|| labels.get(VM_NAME_LABEL).cloned())
             .flatten();
         PodFacts {
+            drain: PodDrain::default(),
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
             daemonset: controller.is_some_and(|o| o.kind == "DaemonSet"),
@@ -92,9 +97,16 @@ impl PodFacts {
         }
     }
 
-    /// Pods the drain removes: not DaemonSet-owned, not mirrors, not finished.
+    /// Pods the drain removes: not DaemonSet-owned, not mirrors, not
+    /// finished, not kept or waited for by a drain rule.
     fn evicted(&self) -> bool {
-        !self.daemonset && !self.mirror && !self.finished
+        self.leaves() && !self.finished && self.drain.behavior == DrainBehavior::Drain
+    }
+
+    /// Pods upstream's drain would take off the node (the drain rules then
+    /// decide how): not DaemonSet-owned, not mirrors.
+    fn leaves(&self) -> bool {
+        !self.daemonset && !self.mirror
     }
 }
 
@@ -197,16 +209,14 @@ pub fn build(facts: &Facts) -> Vec<String> {
     if let Some((reason, message)) = &facts.gate {
         out.push(gate_line(*reason, message));
     }
+    let ruled = facts.pods.iter().filter(|p| p.leaves());
+    out.extend(drain_rule_lines(
+        &facts.node,
+        &shared::rules::drain::preview(ruled.map(|p| (p.name.as_str(), &p.drain, p.finished))),
+        &facts.pods,
+    ));
     let pods: Vec<&PodFacts> = facts.pods.iter().filter(|p| p.evicted()).collect();
-    for pod in &pods {
-        for pdb in facts.pdbs.iter().filter(|b| b.blocks(pod)) {
-            out.push(format!(
-                "pod {}/{} is held by PodDisruptionBudget {}/{} (allowed disruptions {}): \
-                 the drain waits until it allows one",
-                pod.namespace, pod.name, pdb.namespace, pdb.name, pdb.disruptions_allowed
-            ));
-        }
-    }
+    out.extend(pdb_lines(&pods, &facts.pdbs));
     for pod in &pods {
         let Some(vmi) = &pod.vmi else { continue };
         if let Some(nm) = facts
@@ -248,6 +258,72 @@ pub fn build(facts: &Facts) -> Vec<String> {
     }
     out.extend(facts.unchecked.iter().cloned());
     cap(out.into_iter().map(|w| one_line(&w)).collect())
+}
+
+/// The pods a PodDisruptionBudget holds now, one line each.
+fn pdb_lines(pods: &[&PodFacts], pdbs: &[PdbFacts]) -> Vec<String> {
+    let mut out = Vec::new();
+    for pod in pods {
+        for pdb in pdbs.iter().filter(|b| b.blocks(pod)) {
+            out.push(format!(
+                "pod {}/{} is held by PodDisruptionBudget {}/{} (allowed disruptions {}): \
+                 the drain waits until it allows one",
+                pod.namespace, pod.name, pdb.namespace, pdb.name, pdb.disruptions_allowed
+            ));
+        }
+    }
+    out
+}
+
+/// What the drain rules will do on the node: pods kept, pods waited for,
+/// the order groups, and labels or annotations ignored.
+fn drain_rule_lines(node: &str, p: &Preview, pods: &[PodFacts]) -> Vec<String> {
+    let ns_of = |name: &str| {
+        pods.iter()
+            .find(|f| f.name == name)
+            .map_or(String::new(), |f| format!("{}/", f.namespace))
+    };
+    let named = |list: &[(String, shared::rules::drain::DecidedBy)]| {
+        list.iter()
+            .take(MAX_NAMES)
+            .map(|(n, by)| format!("{}{n} ({by})", ns_of(n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+            + &if list.len() > MAX_NAMES {
+                format!(" and {} more", list.len() - MAX_NAMES)
+            } else {
+                String::new()
+            }
+    };
+    let mut out = Vec::new();
+    if !p.kept.is_empty() {
+        out.push(format!(
+            "drain rules keep {} pod(s) on node {node} (behavior Skip, never evicted): {}",
+            p.kept.len(),
+            named(&p.kept)
+        ));
+    }
+    if !p.waited.is_empty() {
+        out.push(format!(
+            "the drain waits for {} pod(s) on node {node} to complete, not evicting them \
+             (behavior WaitCompleted; spec.drainTimeout still bounds it): {}",
+            p.waited.len(),
+            named(&p.waited)
+        ));
+    }
+    if !p.groups.is_empty() {
+        let groups: Vec<String> = (p.groups.iter())
+            .map(|(g, n)| format!("group {g}: {n} pod(s)"))
+            .collect();
+        out.push(format!(
+            "pods leave node {node} in order groups, each once the one before has left: {}",
+            groups.join(", ")
+        ));
+    }
+    for (name, why) in &p.ignored {
+        out.push(format!("pod {}{name}: {why}", ns_of(name)));
+    }
+    out
 }
 
 /// "will wait: N maintenance(s) ahead (a, b, ...)": the slot holders and the

@@ -1,5 +1,7 @@
 //! The node's pods, sorted the way the drain needs: every pod (for
-//! `totalpods`) and those that must leave. Whether a DaemonSet's pod stays
+//! `totalpods`), those that must leave, and those the drain rules keep
+//! (`shared::rules::drain`: each leaving pod carries its behaviour and order
+//! group). Whether a DaemonSet's pod stays
 //! depends on its DaemonSet still existing (kubectl's orphan rule, see
 //! `classify`): each round looks up, by name, the DaemonSet of every
 //! unfinished DaemonSet pod on the node (metadata only), answers kept for a
@@ -12,13 +14,16 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use shared::PodReference;
 use shared::kube::partial::PodView;
+use shared::rules::drain::{DecidedBy, DrainBehavior, NodeRules, PodDrain, PodLabels};
 use shared::rules::ttl::TtlCache;
 
-use crate::classify::{classify, daemonset_to_look_up};
+use crate::classify::{classify, daemonset_to_look_up, is_finished};
+use shared::kube::drain_rules::{DrainRules, NotSynced};
 
 /// DaemonSet lookups under way at once in one round.
 const DAEMONSET_LOOKUPS: usize = 8;
@@ -28,8 +33,12 @@ const DAEMONSET_LOOKUPS: usize = 8;
 pub struct NodePods {
     /// Every pod on the node (`totalpods`).
     pub total: usize,
-    /// Pods that must leave, in name order.
+    /// Pods that must leave, in name order (upstream's drain: those a
+    /// `WaitCompleted` rule waits for included).
     pub must_leave: Vec<LeavingPod>,
+    /// Pods upstream's drain would evict that a drain rule keeps (`Skip`),
+    /// with who decided.
+    pub kept: Vec<(PodReference, DecidedBy)>,
     /// The list's resourceVersion (a pod watch of the node starts there).
     pub listed_at: Option<String>,
 }
@@ -42,6 +51,10 @@ pub struct NodePods {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LeavingPod {
     pub metadata: ObjectMeta,
+    /// Its behaviour and order group (upstream's: Drain, 0, with no rule).
+    pub drain: PodDrain,
+    /// Phase Succeeded or Failed.
+    pub finished: bool,
 }
 
 /// A pod's (namespace, name), borrowed.
@@ -92,6 +105,12 @@ pub enum ListPodsError {
         #[source]
         source: kube::Error,
     },
+    #[error("cannot drain node {node} yet: {source}")]
+    RulesNotRead {
+        node: String,
+        #[source]
+        source: NotSynced,
+    },
 }
 
 /// List the pods of `node` (`shared::kube::partial::list_node_pods`): 100 drains at
@@ -99,37 +118,31 @@ pub enum ListPodsError {
 pub(super) async fn list_node_pods(
     client: &Client,
     answers: &DaemonSetAnswers,
-    node: &str,
+    rules: &DrainRules,
+    node: &Node,
 ) -> Result<NodePods, ListPodsError> {
-    let (pods, listed_at) = shared::kube::partial::list_node_pod_views(client, node)
+    let node_name = node.name_any();
+    let current = rules
+        .current()
+        .await
+        .map_err(|source| ListPodsError::RulesNotRead {
+            node: node_name.clone(),
+            source,
+        })?;
+    let node_rules = current.for_node(node.labels());
+    let (pods, listed_at) = shared::kube::partial::list_node_pod_views(client, &node_name)
         .await
         .map_err(|source| ListPodsError::List {
-            node: node.to_string(),
+            node: node_name.clone(),
             source,
         })?;
     let total = pods.len();
-    // One whole `Pod` at a time (the rules read that type), never the node's.
-    // Whether a pod leaves can hang only on its DaemonSet still existing,
-    // which is looked up once the node's pods are sorted.
-    let mut wanted = BTreeMap::new();
-    let mut candidates = Vec::new();
-    for p in pods.into_iter().map(PodView::into_pod) {
-        if !classify(&p, |_| false).must_leave() {
-            continue;
-        }
-        let ds =
-            daemonset_to_look_up(&p).map(|ds| (p.namespace().unwrap_or_default(), ds.to_string()));
-        if let Some(key) = &ds {
-            wanted.insert(key.clone(), p.name_any());
-        }
-        candidates.push((
-            LeavingPod {
-                metadata: p.metadata,
-            },
-            ds,
-        ));
-    }
-    let live = live_daemonsets(client, answers, node, wanted).await?;
+    let Sorted {
+        wanted,
+        candidates,
+        kept,
+    } = sort_pods(pods, &node_rules, rules, current.is_empty());
+    let live = live_daemonsets(client, answers, &node_name, wanted).await?;
     let mut must_leave: Vec<LeavingPod> = candidates
         .into_iter()
         .filter(|(_, ds)| ds.as_ref().is_none_or(|key| !live.contains(key)))
@@ -140,8 +153,89 @@ pub(super) async fn list_node_pods(
     Ok(NodePods {
         total,
         must_leave,
+        kept,
         listed_at,
     })
+}
+
+/// The node's pods sorted before the DaemonSet lookups.
+#[derive(Default)]
+struct Sorted {
+    /// The DaemonSets to look up, each with one of its pods (for errors).
+    wanted: BTreeMap<(String, String), String>,
+    /// Pods that leave unless their DaemonSet exists.
+    candidates: Vec<(LeavingPod, Option<(String, String)>)>,
+    /// Pods a drain rule keeps.
+    kept: Vec<(PodReference, DecidedBy)>,
+}
+
+/// One whole `Pod` at a time (the rules read that type), never the node's.
+/// Whether a pod leaves can hang only on its DaemonSet still existing,
+/// which is looked up once the node's pods are sorted.
+fn sort_pods(
+    pods: Vec<PodView>,
+    node_rules: &NodeRules,
+    rules: &DrainRules,
+    no_rules: bool,
+) -> Sorted {
+    let mut out = Sorted::default();
+    for p in pods.into_iter().map(PodView::into_pod) {
+        if !classify(&p, |_| false).must_leave() {
+            continue;
+        }
+        let drain = decide(node_rules, rules, &p, no_rules);
+        if drain.behavior == DrainBehavior::Skip {
+            out.kept.push((pod_reference(&p), drain.by));
+            continue;
+        }
+        let ds =
+            daemonset_to_look_up(&p).map(|ds| (p.namespace().unwrap_or_default(), ds.to_string()));
+        if let Some(key) = &ds {
+            out.wanted.insert(key.clone(), p.name_any());
+        }
+        let finished = is_finished(&p);
+        let pod = LeavingPod {
+            metadata: p.metadata,
+            drain,
+            finished,
+        };
+        out.candidates.push((pod, ds));
+    }
+    out
+}
+
+/// The pod's behaviour under the rules (upstream's with none, and no label).
+fn decide(node_rules: &NodeRules, rules: &DrainRules, p: &Pod, no_rules: bool) -> PodDrain {
+    let labels = &p.metadata.labels;
+    let annotations = &p.metadata.annotations;
+    let plain = no_rules
+        && labels
+            .as_ref()
+            .is_none_or(|l| !l.contains_key(shared::rules::drain::DRAIN_LABEL))
+        && annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key(shared::rules::drain::DRAIN_ORDER_ANNOTATION));
+    if plain {
+        return PodDrain::default();
+    }
+    let empty = BTreeMap::new();
+    let namespace_labels = if no_rules {
+        BTreeMap::new()
+    } else {
+        rules.namespace_labels(p.metadata.namespace.as_deref().unwrap_or_default())
+    };
+    node_rules.decide(PodLabels {
+        labels: labels.as_ref().unwrap_or(&empty),
+        annotations: annotations.as_ref().unwrap_or(&empty),
+        namespace_labels: &namespace_labels,
+    })
+}
+
+fn pod_reference(p: &Pod) -> PodReference {
+    PodReference {
+        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+        name: p.metadata.name.clone().unwrap_or_default(),
+    }
 }
 
 /// How long an answer to "does DaemonSet ns/name exist" is trusted. Every

@@ -43,6 +43,16 @@ pub enum PodOutcome {
     },
     /// Any other refusal or failure (eviction webhook, several PDBs, network).
     Failed(String),
+    /// Not evicted: a drain rule (`WaitCompleted`, decided by the words
+    /// here) waits until it has finished or gone. A blocker of its own kind
+    /// (not a PodDisruptionBudget): the Blocked condition's reason is
+    /// WaitingForCompletion when nothing else is in the way.
+    WaitingForCompletion(String),
+    /// Not evicted yet: its order group comes after `current`, which has
+    /// not left yet. Progress, not a blocker.
+    AfterGroup { group: i32, current: i32 },
+    /// Kept on the node by a drain rule (`Skip`, decided by the words here).
+    Kept(String),
     /// Not sent within the round's [`EVICTION_BUDGET`] (many drains queue for
     /// the [`IN_FLIGHT`] slots), or sent and not answered within
     /// [`EVICTION_ANSWER_TIMEOUT`] (the API server is busy): the next round asks again.
@@ -76,6 +86,14 @@ impl PodOutcome {
                 human(Duration::from_secs(*since_secs))
             ),
             PodOutcome::Failed(m) => format!("eviction failed: {m}"),
+            PodOutcome::WaitingForCompletion(by) => format!(
+                "not evicted: waits until it completes ({by}, behavior WaitCompleted), \
+                 not a PodDisruptionBudget"
+            ),
+            PodOutcome::AfterGroup { group, current } => {
+                format!("not evicted yet: its order group {group} leaves after group {current}")
+            }
+            PodOutcome::Kept(by) => format!("kept on the node ({by}, behavior Skip)"),
             PodOutcome::Deferred => format!(
                 "eviction not sent within {} ({IN_FLIGHT} others were waiting for the API server) \
                  or not answered within {}; asked again next round",
@@ -92,6 +110,7 @@ impl PodOutcome {
             PodOutcome::Blocked(_)
             | PodOutcome::NotNow(_)
             | PodOutcome::Failed(_)
+            | PodOutcome::WaitingForCompletion(_)
             | PodOutcome::Stuck { .. } => Some(self.describe()),
             PodOutcome::Migrating {
                 since_secs,
@@ -115,6 +134,9 @@ pub fn outcome_label(outcome: &PodOutcome) -> &'static str {
         PodOutcome::Evicted => "evicted",
         PodOutcome::Gone => "gone",
         PodOutcome::Terminating(_) | PodOutcome::Stuck { .. } => "terminating",
+        PodOutcome::WaitingForCompletion(_)
+        | PodOutcome::AfterGroup { .. }
+        | PodOutcome::Kept(_) => "held",
         PodOutcome::Blocked(_) | PodOutcome::NotNow(_) => "blocked",
         PodOutcome::Migrating { .. } => "migrating",
         PodOutcome::Failed(_) => "failed",
@@ -129,6 +151,20 @@ pub fn migrating(outcomes: &BTreeMap<PodReference, PodOutcome>) -> Vec<PodRefere
         .filter(|(_, o)| matches!(o, PodOutcome::Migrating { .. }))
         .map(|(r, _)| r.clone())
         .collect()
+}
+
+/// Whether the pods in the way are only pods waited for until they
+/// complete (the Blocked condition's reason is then WaitingForCompletion).
+pub fn waits_only(outcomes: &BTreeMap<PodReference, PodOutcome>, warn_after: Duration) -> bool {
+    let mut problems = outcomes
+        .values()
+        .filter(|o| o.problem(warn_after).is_some());
+    let mut any = false;
+    let all = problems.all(|o| {
+        any = true;
+        matches!(o, PodOutcome::WaitingForCompletion(_))
+    });
+    any && all
 }
 
 /// "45s", "12m", "1h5m": minutes are enough for a migration's age.
@@ -162,9 +198,16 @@ pub fn blocker_summary(
         return None;
     }
     let more = problems.len().saturating_sub(SHOWN);
+    let waits = waits_only(outcomes, warn_after);
     let mut text = format!(
-        "not all pods evicted from node {node}, {} blocked: {}",
+        "{} {node}, {} {}: {}",
+        if waits {
+            "waiting for pods to complete on node"
+        } else {
+            "not all pods evicted from node"
+        },
         problems.len(),
+        if waits { "waited for" } else { "blocked" },
         problems
             .into_iter()
             .take(SHOWN)
@@ -174,6 +217,10 @@ pub fn blocker_summary(
     if more > 0 {
         text.push_str(&format!("; and {more} more"));
     }
-    text.push_str("; the drain retries automatically once the blocker is lifted");
+    text.push_str(if waits {
+        "; the drain goes on once they have finished or gone (spec.drainTimeout, if set, still bounds it)"
+    } else {
+        "; the drain retries automatically once the blocker is lifted"
+    });
     Some(text)
 }

@@ -251,6 +251,9 @@ pub struct Round {
     pub remaining: Vec<PodReference>,
     /// Why some of them are stuck (PDB, eviction webhook), if any is.
     pub blocker: Option<String>,
+    /// The blocker names only pods a drain rule waits for until they
+    /// complete (the Blocked reason is then WaitingForCompletion).
+    pub waits_only: bool,
     /// Virt-launcher pods whose VM KubeVirt is live-migrating away: progress,
     /// not a blocker (until it runs too long: then `blocker` names it).
     pub migrating: Vec<PodReference>,
@@ -708,6 +711,7 @@ mod tests {
             migrating: vec![],
             departures_watched: false,
             listed_before_cordon: false,
+            waits_only: false,
         };
         let leaving = |pods: &[&str]| Round {
             remaining: pods.iter().map(|p| pod(p)).collect(),
@@ -715,6 +719,7 @@ mod tests {
             migrating: vec![],
             departures_watched: false,
             listed_before_cordon: false,
+            waits_only: false,
         };
         let leaving_watched = |pods: &[&str]| Round {
             departures_watched: true,
@@ -726,6 +731,7 @@ mod tests {
             migrating: pods.iter().map(|p| pod(p)).collect(),
             departures_watched: false,
             listed_before_cordon: false,
+            waits_only: false,
         };
         let with_error = |mut st: Status, e: &str| {
             st.last_error = e.into();

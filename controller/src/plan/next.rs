@@ -405,10 +405,10 @@ pub fn after_drain(
             st.force_deleted_pods.push(r);
         }
     }
-    let cause = if round.blocker.is_some() {
-        Cause::EvictionBlocked
-    } else {
-        Cause::Progress
+    let cause = match (&round.blocker, round.waits_only) {
+        (Some(_), true) => Cause::WaitingForCompletion,
+        (Some(_), false) => Cause::EvictionBlocked,
+        (None, _) => Cause::Progress,
     };
     let migrating = round.migrating.len();
     let next = after_round(&st, round, blocked_retry);

@@ -127,7 +127,7 @@ async fn maintain(
     entered?;
     let pods = match listed {
         Some(pods) => pods,
-        None => ctx.drainer.list(&node_name).await?,
+        None => ctx.drainer.list(node).await?,
     };
     let before_cordon = first_sight && !in_maintenance;
     let (round, left) = drain_round(ctx, &node_name, pods, before_cordon).await?;
@@ -166,8 +166,7 @@ async fn taken(
 ) -> Result<Result<(NodeMaintenanceStatus, Option<NodePods>), Box<Record>>, Error> {
     let node_name = node.name_any();
     let (outcome, listed) = if first_sight || in_maintenance {
-        let (outcome, listed) =
-            tokio::join!(request_lease(ctx, nm, node), ctx.drainer.list(&node_name));
+        let (outcome, listed) = tokio::join!(request_lease(ctx, nm, node), ctx.drainer.list(node));
         (outcome, Some(listed?))
     } else {
         (request_lease(ctx, nm, node).await, None)
@@ -261,8 +260,16 @@ async fn drain_round(
     let budget = tokio::time::Instant::now() + drain::EVICTION_BUDGET;
     let outcomes = ctx.drainer.evict(&pods.must_leave, budget).await;
     for o in outcomes.values() {
-        // A terminating pod got no eviction request this round.
-        if !matches!(o, PodOutcome::Terminating(_) | PodOutcome::Stuck { .. }) {
+        // A terminating pod got no eviction request this round, nor did one
+        // a drain rule holds back.
+        if !matches!(
+            o,
+            PodOutcome::Terminating(_)
+                | PodOutcome::Stuck { .. }
+                | PodOutcome::WaitingForCompletion(_)
+                | PodOutcome::AfterGroup { .. }
+                | PodOutcome::Kept(_)
+        ) {
             ctx.metrics.eviction(drain::outcome_label(o));
         }
     }
@@ -280,6 +287,7 @@ async fn drain_round(
     let round = plan::Round {
         remaining: drain::references(&left),
         blocker: ctx.drainer.blocker_summary(node_name, &outcomes),
+        waits_only: ctx.drainer.waits_only(&outcomes),
         migrating: drain::migrating(&outcomes),
         departures_watched: !left.is_empty() && on_their_way && watched,
         listed_before_cordon,

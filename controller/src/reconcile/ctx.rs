@@ -62,6 +62,7 @@ impl Ctx {
         metrics: Metrics,
         leadership: &Leadership,
         fleet: Fleet,
+        drain_rules: crate::drain::DrainRules,
     ) -> Ctx {
         let client = clients.api;
         Ctx {
@@ -72,6 +73,7 @@ impl Ctx {
                 clients.evict,
                 cfg.max_concurrent_evictions,
                 cfg.migration_warning_after,
+                drain_rules,
             ),
             client,
             store,

@@ -60,6 +60,9 @@ const RECONCILE_TIMEOUT: Duration =
 
 /// DrainBlocked (Warning): the pods in the way changed (not on every retry).
 const EVENT_DRAIN_BLOCKED: &str = "DrainBlocked";
+/// DrainWaitingForCompletion (Normal): the pods a drain rule waits for
+/// until they complete (behavior WaitCompleted) changed.
+const EVENT_DRAIN_WAITING_FOR_COMPLETION: &str = "DrainWaitingForCompletion";
 /// PodForceDeleted (Warning): a pod deleted without eviction (drainTimeoutAction: Force).
 const EVENT_POD_FORCE_DELETED: &str = "PodForceDeleted";
 /// ReconcilePanicked (Warning): the cleanup of a deleted maintenance panicked (a bug).

@@ -11,8 +11,8 @@ use shared::{MaintenancePhase, NodeMaintenance, NodeMaintenanceStatus};
 
 use super::apply::give_back;
 use super::{
-    Ctx, EVENT_DRAIN_BLOCKED, EVENT_NODE_CHANGED_BY_HAND, EVENT_NODE_UPDATE_REFUSED,
-    EVENT_RECONCILE_PANICKED,
+    Ctx, EVENT_DRAIN_BLOCKED, EVENT_DRAIN_WAITING_FOR_COMPLETION, EVENT_NODE_CHANGED_BY_HAND,
+    EVENT_NODE_UPDATE_REFUSED, EVENT_RECONCILE_PANICKED,
 };
 use super::{Error, Requeue};
 use crate::conditions::{self, Cause};
@@ -170,6 +170,11 @@ async fn announce(
     }
     if let Some(blockers) = conditions::drain_blocked_news(&old.conditions, &new.conditions) {
         ctx.events.warn(nm, EVENT_DRAIN_BLOCKED, blockers).await;
+    }
+    if let Some(waited) = conditions::waiting_news(&old.conditions, &new.conditions) {
+        ctx.events
+            .note(nm, EVENT_DRAIN_WAITING_FOR_COMPLETION, waited)
+            .await;
     }
     if let Some(message) = conditions::by_hand_news(&old.conditions, &new.conditions) {
         ctx.events

@@ -4,6 +4,7 @@
 //! makes and what it leaves behind. The integration tests prove the same
 //! against a real API server.
 
+mod drain_rules;
 mod fake;
 mod gates;
 mod node_signals;
@@ -38,6 +39,15 @@ pub(super) async fn fake_ctx(api: &FakeApi) -> Arc<Ctx> {
 
 /// [`fake_ctx`] with controller flags.
 pub(super) async fn fake_ctx_with(api: &FakeApi, flags: &[&str]) -> Arc<Ctx> {
+    fake_ctx_ruled(api, flags, crate::drain::DrainRules::none()).await
+}
+
+/// [`fake_ctx_with`] whose drains read `rules`.
+pub(super) async fn fake_ctx_ruled(
+    api: &FakeApi,
+    flags: &[&str],
+    rules: crate::drain::DrainRules,
+) -> Arc<Ctx> {
     let client = api.client();
     let args = std::iter::once("nmo-controller").chain(flags.iter().copied());
     let cfg = <crate::config::Config as clap::Parser>::parse_from(args);
@@ -51,7 +61,7 @@ pub(super) async fn fake_ctx_with(api: &FakeApi, flags: &[&str]) -> Arc<Ctx> {
         evict: client,
     };
     let fleet = crate::fleet::Fleet::new(cfg.gates.gates()).expect("the gates of the test flags");
-    let mut ctx = Ctx::new(&cfg, clients, store, metrics, &leadership, fleet);
+    let mut ctx = Ctx::new(&cfg, clients, store, metrics, &leadership, fleet, rules);
     ctx.events = ctx.events.inline();
     Arc::new(ctx.with_clock(crate::clock::Clock::set_at(TEST_NOW)))
 }

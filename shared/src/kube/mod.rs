@@ -2,6 +2,7 @@
 //! decodes of big objects, watch reconnects, namespaces.
 
 pub mod client;
+pub mod drain_rules;
 pub mod namespace;
 pub mod partial;
 pub mod watch;

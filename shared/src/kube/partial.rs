@@ -23,6 +23,7 @@ use serde::{Deserialize, Deserializer};
 const KEPT_ANNOTATIONS: &[&str] = &[
     MIRROR_POD_ANNOTATION,
     crate::api::consts::PRIOR_CORDON_ANNOTATION,
+    crate::rules::drain::DRAIN_ORDER_ANNOTATION,
 ];
 
 /// Marks the API mirror of a static pod (the drain leaves those).

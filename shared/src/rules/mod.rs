@@ -1,8 +1,10 @@
 //! Pure rules over plain data, no I/O: the medik8s lease rule, the etcd
-//! quorum rule, maintenance slots, fleet gates and maintenance windows, Go
+//! quorum rule, maintenance slots, fleet gates and maintenance windows, drain
+//! rules, Go
 //! durations, node facts, and two small data helpers (an expiring cache, a
 //! poison-tolerant lock).
 
+pub mod drain;
 pub mod duration;
 pub mod gates;
 pub mod lease;

@@ -508,6 +508,14 @@ fn generate(objects: &[Value], opts: &Options) -> anyhow::Result<BTreeMap<String
         "kind": "NodeMaintenance",
         "metadata": {"name": "nodemaintenance-sample"},
         "spec": {"nodeName": "worker-0", "reason": "Replace a failed disk"},
+    }, {
+        "apiVersion": "nodemaintenance.medik8s.io/v1alpha1",
+        "kind": "NodeDrainRule",
+        "metadata": {"name": "batch-jobs-finish"},
+        "spec": {
+            "drain": {"behavior": "WaitCompleted"},
+            "pods": [{"namespaceSelector": {"matchLabels": {"team": "batch"}}}],
+        },
     }]))?;
 
     let mut annotations = Mapping::new();
@@ -967,6 +975,51 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// The NodeDrainRule's spec fields shown by the console.
+const DRAIN_RULE_SPEC_DESCRIPTORS: &[(&str, &str, &str)] = &[
+    ("drain", "Drain", "urn:alm:descriptor:com.tectonic.ui:text"),
+    ("nodes", "Nodes", "urn:alm:descriptor:com.tectonic.ui:text"),
+    ("pods", "Pods", "urn:alm:descriptor:com.tectonic.ui:text"),
+];
+
+/// What the CSV says of an owned CRD of `kind`: display name, the kinds it
+/// works on (console "Resources" tab), spec and status descriptors.
+type OwnedFacts = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static [(&'static str, &'static str, &'static str)],
+    &'static [(&'static str, &'static str, &'static str)],
+);
+
+fn owned_facts(kind: &str) -> OwnedFacts {
+    match kind {
+        "NodeDrainRule" => (
+            "Node Drain Rule",
+            &[
+                ("Node", "nodes"),
+                ("Pod", "pods"),
+                ("Namespace", "namespaces"),
+            ],
+            DRAIN_RULE_SPEC_DESCRIPTORS,
+            &[],
+        ),
+        // What a NodeMaintenance works on. Listing PodDisruptionBudget at v1
+        // also tells the removed-API validator that the PDB read permission
+        // is not for policy/v1beta1.
+        _ => (
+            "Node Maintenance",
+            &[
+                ("Node", "nodes"),
+                ("Pod", "pods"),
+                ("PodDisruptionBudget", "poddisruptionbudgets"),
+                ("Lease", "leases"),
+            ],
+            SPEC_DESCRIPTORS,
+            STATUS_DESCRIPTORS,
+        ),
+    }
+}
+
 fn owned_crd(crd: &Value) -> anyhow::Result<Value> {
     let crd_name = name(crd);
     let crd_kind =
@@ -995,34 +1048,23 @@ fn owned_crd(crd: &Value) -> anyhow::Result<Value> {
         Ok(Value::Sequence(out))
     };
     let description = get_str(schema, &["description"]).unwrap_or(crd_kind);
+    let (display, resources, spec, status) = owned_facts(crd_kind);
     Ok(map([
         ("name", s(crd_name)),
         ("version", s(vname)),
         ("kind", s(crd_kind)),
-        ("displayName", s("Node Maintenance")),
+        ("displayName", s(display)),
         ("description", s(&one_line(description))),
-        // What a NodeMaintenance works on (console "Resources" tab). Listing
-        // PodDisruptionBudget at v1 also tells the removed-API validator that
-        // the PDB read permission is not for policy/v1beta1.
         (
             "resources",
             Value::Sequence(
-                [
-                    ("Node", "nodes"),
-                    ("Pod", "pods"),
-                    ("PodDisruptionBudget", "poddisruptionbudgets"),
-                    ("Lease", "leases"),
-                ]
-                .into_iter()
-                .map(|(k, n)| map([("kind", s(k)), ("name", s(n)), ("version", s("v1"))]))
-                .collect(),
+                (resources.iter())
+                    .map(|(k, n)| map([("kind", s(k)), ("name", s(n)), ("version", s("v1"))]))
+                    .collect(),
             ),
         ),
-        ("specDescriptors", descriptors("spec", SPEC_DESCRIPTORS)?),
-        (
-            "statusDescriptors",
-            descriptors("status", STATUS_DESCRIPTORS)?,
-        ),
+        ("specDescriptors", descriptors("spec", spec)?),
+        ("statusDescriptors", descriptors("status", status)?),
     ]))
 }
 
