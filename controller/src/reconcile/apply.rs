@@ -339,31 +339,46 @@ async fn force_delete(
 
 /// The one way a maintenance ends for its node (drain deadline, lease lost,
 /// node gone, deletion, a panic): undo what we did to the node, if it still
-/// exists, then release its medik8s lease.
+/// exists, and release its medik8s lease, side by side (one round trip off
+/// a zone's hand-over). Safe in either order: until the node patch lands
+/// the node keeps the exclude-from-remediation label, so no remediator
+/// takes it; a failed patch is retried and the release is idempotent.
 pub(super) async fn give_back(
     ctx: &Ctx,
     node_name: &str,
     node: Option<&Node>,
 ) -> Result<(), Error> {
-    if let Some(node) = node {
-        // Say UncordonNode only when that changed something (a retried
-        // cleanup finds the node already given back and says nothing).
-        if let Some(ops) = node::exit_patch(node) {
-            let keep = node::keeps_cordon(node);
-            patch_node(ctx, &node.name_any(), ops, "give back").await?;
-            if keep {
-                let msg = format!(
-                    "node {node_name} given back but left unschedulable: it was cordoned before its \
-                     maintenance. Uncordon it (kubectl uncordon {node_name}) when it may take pods again"
-                );
-                tracing::info!(node = %node_name, "node given back, its prior cordon kept");
-                ctx.events.note(node, EVENT_CORDON_KEPT, &msg).await;
-            } else {
-                ctx.events.on(node, EVENT_UNCORDON_NODE).await;
-            }
+    let undo = async {
+        match node {
+            Some(node) => undo_on_node(ctx, node_name, node).await,
+            None => Ok(()),
         }
+    };
+    let (undone, released) = tokio::join!(undo, ctx.leases.release(node_name));
+    undone?;
+    released?;
+    Ok(())
+}
+
+/// Take off the node what the maintenance put on it. Says UncordonNode
+/// only when that changed something (a retried cleanup finds the node
+/// already given back and says nothing).
+async fn undo_on_node(ctx: &Ctx, node_name: &str, node: &Node) -> Result<(), Error> {
+    let Some(ops) = node::exit_patch(node) else {
+        return Ok(());
+    };
+    let keep = node::keeps_cordon(node);
+    patch_node(ctx, &node.name_any(), ops, "give back").await?;
+    if keep {
+        let msg = format!(
+            "node {node_name} given back but left unschedulable: it was cordoned before its \
+             maintenance. Uncordon it (kubectl uncordon {node_name}) when it may take pods again"
+        );
+        tracing::info!(node = %node_name, "node given back, its prior cordon kept");
+        ctx.events.note(node, EVENT_CORDON_KEPT, &msg).await;
+    } else {
+        ctx.events.on(node, EVENT_UNCORDON_NODE).await;
     }
-    ctx.leases.release(node_name).await?;
     Ok(())
 }
 

@@ -318,20 +318,37 @@ async fn deletion_gives_the_node_back_then_removes_the_finalizer() {
         pass(&api, &ctx).await.expect("cleanup"),
         Action::await_change()
     );
+    let seen = calls(&api);
+    let event = "POST /api/v1/namespaces/default/events".to_string();
     assert_eq!(
-        calls(&api),
+        seen[..2],
         [
             // The copy handed in is newer than our last write: read live;
             // then the cleanup checks the live object is still due.
             format!("GET {NM_PATH}"),
             format!("GET {NM_PATH}"),
-            format!("PATCH {NODE_PATH}"),
-            "POST /api/v1/namespaces/default/events".into(),
-            // Our last write of the lease is the precondition: no read.
-            format!("DELETE {LEASE_PATH}"),
-            format!("PATCH {NM_PATH}"),
-            "POST /api/v1/namespaces/default/events".into(),
         ]
+    );
+    // The node patch (then UncordonNode) and the lease release go side by
+    // side; our last write of the lease is the precondition: no read.
+    let mut beside = seen[2..5].to_vec();
+    beside.sort();
+    let mut want = vec![
+        format!("PATCH {NODE_PATH}"),
+        event.clone(),
+        format!("DELETE {LEASE_PATH}"),
+    ];
+    want.sort();
+    assert_eq!(beside, want, "{seen:?}");
+    let at = |c: &str| seen.iter().position(|s| s == c);
+    assert!(
+        at(&format!("PATCH {NODE_PATH}")) < at(&event),
+        "UncordonNode after the patch: {seen:?}"
+    );
+    assert_eq!(
+        seen[5..],
+        [format!("PATCH {NM_PATH}"), event.clone()],
+        "the finalizer last: {seen:?}"
     );
     assert!(!node_unschedulable(&api), "the node is given back");
     assert!(api.get(LEASE_PATH).is_none(), "the lease is released");
