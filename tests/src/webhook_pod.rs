@@ -11,6 +11,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::json;
 use shared::api::consts::WEBHOOK_PATH;
+use shared::api::drain_rule::DRAIN_RULE_WEBHOOK_PATH;
 
 use crate::deployment::Launch;
 use crate::fixtures::GROUP_KEY;
@@ -86,7 +87,10 @@ pub async fn register_url(client: &Client, group: &str, port: u16, ca_bundle: &s
 pub async fn register_named(client: &Client, group: &str, name: &str, port: u16, ca_bundle: &str) {
     let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
         "metadata": {"name": group, "labels": {GROUP_KEY: group}},
-        "webhooks": [test_webhook(group, name, port, ca_bundle)]
+        "webhooks": [
+            test_webhook(group, name, port, ca_bundle),
+            drain_rule_webhook(group, port, ca_bundle),
+        ]
     }))
     .expect("ValidatingWebhookConfiguration JSON");
     Api::<ValidatingWebhookConfiguration>::all(client.clone())
@@ -115,6 +119,32 @@ pub fn test_webhook(group: &str, name: &str, port: u16, ca_bundle: &str) -> serd
             "resources": ["nodemaintenances"],
         }],
         // Webhook configurations are cluster-wide: only this test's objects.
+        "matchConditions": [{
+            "name": "this-test-only",
+            "expression": format!("object.metadata.name.startsWith('{group}')"),
+        }],
+    })
+}
+
+/// The NodeDrainRule webhook entry of a test's configuration: the rules
+/// whose name starts with `group` only.
+pub fn drain_rule_webhook(group: &str, port: u16, ca_bundle: &str) -> serde_json::Value {
+    json!({
+        "name": format!("rules.{}", webhook_name(group)),
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "timeoutSeconds": 10,
+        "clientConfig": {
+            "url": format!("https://127.0.0.1:{port}{DRAIN_RULE_WEBHOOK_PATH}"),
+            "caBundle": ca_bundle,
+        },
+        "rules": [{
+            "apiGroups": ["nodemaintenance.medik8s.io"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["nodedrainrules"],
+        }],
         "matchConditions": [{
             "name": "this-test-only",
             "expression": format!("object.metadata.name.startsWith('{group}')"),
@@ -371,6 +401,15 @@ pub async fn remove_group(client: &Client, group: &str, namespaces: &[String]) {
             let name = n.metadata.name.unwrap_or_default();
             if name.starts_with(group) {
                 let _ = nms.delete(&name, &dp).await;
+            }
+        }
+    }
+    let rules: Api<shared::api::drain_rule::NodeDrainRule> = Api::all(client.clone());
+    if let Ok(list) = rules.list(&ListParams::default()).await {
+        for r in list.items {
+            let name = r.metadata.name.unwrap_or_default();
+            if name.starts_with(group) {
+                let _ = rules.delete(&name, &dp).await;
             }
         }
     }

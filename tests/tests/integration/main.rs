@@ -25,6 +25,7 @@ mod controller;
 mod controller_metrics;
 mod deployments;
 mod drain_parity;
+mod drain_rules;
 mod drain_timeout;
 mod gates;
 mod kubevirt;
