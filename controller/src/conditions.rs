@@ -6,7 +6,8 @@
 //!
 //! - `Queued`: waiting for a maintenance slot (`--max-concurrent-maintenances`,
 //!   reason WaitingForSlot) or held by a fleet gate (reason OutsideWindow,
-//!   ZoneBudget, MaxUnavailable, PausedAfterFailure or AlertsFiring).
+//!   ZoneBudget, MaxUnavailable, PausedAfterFailure, AlertsFiring or
+//!   Settling).
 //! - `Cordoned`: the node is cordoned, tainted and excluded from remediation
 //!   (False with reason ChangedByHand once a person changed that after the
 //!   drain finished: the maintenance leaves the node as they left it).
@@ -297,13 +298,14 @@ pub fn blocked_news<'a>(old: &[Condition], new: &'a [Condition], cause: Cause) -
 
 /// The `reason` label of `nmo_nodemaintenance_waiting` for each way to
 /// wait, in the order they are exposed.
-pub const WAITING_LABELS: [&str; 6] = [
+pub const WAITING_LABELS: [&str; 7] = [
     "waiting_for_slot",
     "paused_after_failure",
     "alerts_firing",
     "outside_window",
     "max_unavailable",
     "zone_budget",
+    "settling",
 ];
 
 /// The `nmo_nodemaintenance_waiting` label of a maintenance whose `Queued`

@@ -45,6 +45,13 @@ async fn stopped_before_sync(signals: &shared::serve::shutdown::Signals, readine
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
+    if cfg.gates.settle_after.is_some() && !cfg.node_lifecycle_conditions {
+        anyhow::bail!(
+            "--settle-after reads when the node before was given back from its \
+             MaintenanceInProgress condition, which --node-lifecycle-conditions=false turns off: \
+             turn the conditions on (the default) or leave --settle-after unset"
+        );
+    }
     let fleet = fleet::Fleet::new(cfg.gates.gates()).map_err(anyhow::Error::msg)?;
     let signals =
         shared::serve::shutdown::Signals::install().context("installing signal handlers")?;

@@ -18,7 +18,8 @@ use super::{Plan, Record};
 use crate::conditions::Cause;
 
 pub const MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
-pub const MAINTENANCE_IN_PROGRESS: &str = "MaintenanceInProgress";
+pub const MAINTENANCE_IN_PROGRESS: &str =
+    shared::api::consts::NODE_CONDITION_MAINTENANCE_IN_PROGRESS;
 pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
 pub const DRAINED: &str = "Drained";
 /// The four types, in the order a maintenance reaches them.
@@ -30,7 +31,7 @@ pub const TYPES: [&str; 4] = [
 ];
 /// Every reason we write starts so: a condition of one of the four types
 /// with another reason was written by someone else.
-pub const REASON_PREFIX: &str = "NodeMaintenance";
+pub const REASON_PREFIX: &str = shared::api::consts::NODE_CONDITION_REASON_PREFIX;
 
 /// Where a maintenance stands, as its node's conditions tell it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -176,7 +177,7 @@ pub fn wanted(stage: Stage, nm: &str) -> Vec<Want> {
                 ..want(
                     t,
                     false,
-                    "NodeMaintenanceEnded",
+                    shared::api::consts::NODE_CONDITION_REASON_ENDED,
                     format!("NodeMaintenance {nm} ended: the node was given back"),
                 )
             })

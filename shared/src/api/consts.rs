@@ -131,6 +131,15 @@ pub const TLS_KEY_FILE: &str = "tls.key";
 pub const DRAIN_ATTEMPT_TIMEOUT_SECS: u64 = 30;
 pub const DRAIN_REQUEUE_SECS: u64 = 5;
 
+/// Beyond upstream: the KEP-5683 node condition a maintenance holds while
+/// it has the node, and the reason it says when the node was given back
+/// (its lastTransitionTime then says when: the settle gate reads it).
+pub const NODE_CONDITION_MAINTENANCE_IN_PROGRESS: &str = "MaintenanceInProgress";
+/// Every reason we write on the node conditions starts so.
+pub const NODE_CONDITION_REASON_PREFIX: &str = "NodeMaintenance";
+/// The reason of our node conditions once the node was given back.
+pub const NODE_CONDITION_REASON_ENDED: &str = "NodeMaintenanceEnded";
+
 #[cfg(test)]
 mod tests {
     use super::*;

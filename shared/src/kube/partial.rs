@@ -155,12 +155,32 @@ impl NodeView {
     /// This node as the fleet gates see it (`--zone-label` names the zone).
     pub fn gate_view(&self, zone_label: &str) -> crate::rules::gates::FleetNode {
         let unschedulable = self.spec.as_ref().and_then(|s| s.unschedulable);
-        crate::rules::gates::FleetNode::from_parts(
+        let mut view = crate::rules::gates::FleetNode::from_parts(
             &self.metadata,
             self.ready(),
             unschedulable,
             zone_label,
-        )
+        );
+        view.maintained = self.maintained();
+        view
+    }
+
+    /// What our `MaintenanceInProgress` condition says of the node.
+    pub fn maintained(&self) -> crate::rules::gates::Maintained {
+        let ours = (self.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == crate::api::consts::NODE_CONDITION_MAINTENANCE_IN_PROGRESS)
+            });
+        match ours {
+            Some(c) => crate::rules::gates::Maintained::of(
+                &c.status,
+                c.reason.as_deref(),
+                c.last_transition_time.as_ref().map(|t| t.0),
+            ),
+            None => crate::rules::gates::Maintained::No,
+        }
     }
 
     /// Condition Ready is True (False, Unknown or missing: not ready).
@@ -181,10 +201,16 @@ pub struct NodeStatusView {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
 pub struct NodeConditionView {
     #[serde(rename = "type")]
     pub type_: String,
     pub status: String,
+    /// Read for our own condition (the settle gate); a few bytes a node.
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub last_transition_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -385,9 +411,11 @@ mod tests {
             node.status.as_ref().and_then(|s| s.conditions.clone()),
             Some(vec![NodeConditionView {
                 type_: "Ready".into(),
-                status: "True".into()
+                status: "True".into(),
+                reason: Some("KubeletReady".into()),
+                last_transition_time: None,
             }]),
-            "type and status only"
+            "type, status, reason and transition time only"
         );
         assert_eq!(node.metadata.name.as_deref(), Some("worker-1"));
         assert_eq!(node.metadata.uid.as_deref(), Some("u1"));

@@ -67,6 +67,24 @@ pub struct GateFlags {
     /// to leave out nodes another team runs.
     #[arg(long, env = "FLEET_NODE_SELECTOR", default_value = "", value_name = "LABELS", value_parser = equality_selector)]
     pub fleet_node_selector: Selector,
+
+    /// A pause between nodes: a maintenance starts only this long (a Go
+    /// duration: 10m, 1h30m) after the node before it (in its zone, with
+    /// --max-concurrent-per-zone) was given back, and once that node is
+    /// Ready; it waits meanwhile with reason Settling. Read from the nodes'
+    /// MaintenanceInProgress condition: needs --node-lifecycle-conditions
+    /// on the controller. Unset: no pause.
+    #[arg(long, env = "SETTLE_AFTER", value_name = "DURATION", value_parser = settle_duration)]
+    pub settle_after: Option<std::time::Duration>,
+}
+
+/// `--settle-after`: a Go duration above zero.
+fn settle_duration(text: &str) -> Result<std::time::Duration, String> {
+    match crate::rules::duration::parse(text) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("0 pauses nothing: leave --settle-after unset instead".into()),
+        Err(e) => Err(format!("invalid --settle-after {text:?}: {e}")),
+    }
 }
 
 /// A parsed `--fleet-node-selector`.
@@ -113,6 +131,7 @@ impl GateFlags {
                     filter: self.block_on_alerts_filter.clone(),
                 }),
             node_selector: self.fleet_node_selector.0.clone(),
+            settle_after: self.settle_after,
         }
     }
 }

@@ -155,15 +155,17 @@ async fn a_wait_completed_pod_is_waited_for_and_named_until_it_completes() {
     let held = env
         .wait_nm(
             &nm,
-            "Blocked: WaitingForCompletion naming the train pod",
+            "Blocked: WaitingForCompletion naming the train pod, web gone",
             |m| {
-                condition(m, "Blocked").is_some_and(|(status, reason, message)| {
-                    status == "True"
-                        && reason == "WaitingForCompletion"
-                        && message.contains(&format!(
-                            "{ns}/train: not evicted: waits until it completes"
-                        ))
-                })
+                let pending = m.status.as_ref().map(|s| s.pending_pods.clone());
+                pending == Some(vec!["train".to_string()])
+                    && condition(m, "Blocked").is_some_and(|(status, reason, message)| {
+                        status == "True"
+                            && reason == "WaitingForCompletion"
+                            && message.contains(&format!(
+                                "{ns}/train: not evicted: waits until it completes"
+                            ))
+                    })
             },
         )
         .await;
@@ -218,7 +220,13 @@ async fn three_order_groups_leave_in_order() {
         running(&env, name).await;
     }
     // When each pod is marked for deletion (its eviction accepted).
-    let marked = tokio::spawn(deletions(pods(&env), 3));
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let marked = tokio::spawn(deletions(pods(&env), 3, listed_tx));
+    // The watch has listed the pods: it sees every deletion from now on.
+    tokio::time::timeout(SHORT, listed)
+        .await
+        .expect("the pod watch listed within 30 s")
+        .expect("the watch task runs");
     let started = Instant::now();
     let nm = env.n("a");
     env.create_nm(&nm, &node).await;
@@ -248,14 +256,25 @@ async fn three_order_groups_leave_in_order() {
     env.teardown().await;
 }
 
-/// The first time each of `count` pods of `api` is seen marked for deletion.
-async fn deletions(api: Api<Pod>, count: usize) -> BTreeMap<String, Instant> {
+/// The first time each of `count` pods of `api` is seen marked for
+/// deletion; `listed` is told once the watch's first list is in.
+async fn deletions(
+    api: Api<Pod>,
+    count: usize,
+    listed: tokio::sync::oneshot::Sender<()>,
+) -> BTreeMap<String, Instant> {
     let mut seen = BTreeMap::new();
+    let mut listed = Some(listed);
     let mut stream = watcher(api, watcher::Config::default()).boxed();
     while seen.len() < count {
         let Some(event) = stream.next().await else {
             break;
         };
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            if let Some(tx) = listed.take() {
+                let _ = tx.send(());
+            }
+        }
         let pods: Vec<Pod> = match event {
             Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
                 if p.metadata.deletion_timestamp.is_some() {

@@ -23,6 +23,7 @@ fn node(name: &str, ready: bool) -> FleetNode {
         zone: None,
         ready,
         cordoned: false,
+        maintained: shared::rules::gates::Maintained::No,
     }
 }
 
@@ -188,6 +189,7 @@ fn nodes_decode_lean() {
             zone: Some("a".into()),
             ready: true,
             cordoned: true,
+            maintained: shared::rules::gates::Maintained::No,
         }
     );
     let bare: shared::kube::partial::NodeView =

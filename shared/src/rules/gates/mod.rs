@@ -27,7 +27,9 @@
 //!
 //! # Order of the gates
 //! Pause after a failure, firing alerts, the window, max-unavailable, the
-//! zone budget; the first that blocks names the wait. The three global
+//! zone budget, then the pause between nodes (`--settle-after`: it matters
+//! only once the budgets would let the maintenance start); the first that
+//! blocks names the wait. The three global
 //! gates come first: they hold every maintenance alike, and the first two
 //! ask a human to look at something broken. The budgets come last, as they
 //! depend on the queue. A maintenance that started (Running, Succeeded)
@@ -44,6 +46,7 @@
 
 mod alerts;
 mod budgets;
+mod settle;
 
 pub use alerts::{Alert, AlertFilter, AlertGate, AlertsSeen};
 pub use budgets::MaxUnavailable;
@@ -79,6 +82,10 @@ pub struct Gates {
     /// `--fleet-node-selector`: the labels (all of them) a node must carry
     /// to count for the budgets; empty: every node.
     pub node_selector: BTreeMap<String, String>,
+    /// `--settle-after`: a maintenance starts only this long after the node
+    /// before it (in its zone, with `--max-concurrent-per-zone`) was given
+    /// back, and once that node is Ready. `None`: no pause.
+    pub settle_after: Option<std::time::Duration>,
 }
 
 impl Default for Gates {
@@ -91,6 +98,7 @@ impl Default for Gates {
             pause_after_failure: false,
             alerts: None,
             node_selector: BTreeMap::new(),
+            settle_after: None,
         }
     }
 }
@@ -98,7 +106,7 @@ impl Default for Gates {
 impl Gates {
     /// Whether [`GateInputs::nodes`] must be gathered.
     pub fn needs_nodes(&self) -> bool {
-        self.max_unavailable.is_some() || self.max_per_zone > 0
+        self.max_unavailable.is_some() || self.max_per_zone > 0 || self.settle_after.is_some()
     }
 
     /// Whether a node with `labels` counts for the budgets
@@ -131,6 +139,36 @@ pub struct FleetNode {
     pub ready: bool,
     /// `spec.unschedulable`, by anyone.
     pub cordoned: bool,
+    /// What our `MaintenanceInProgress` node condition says (the settle gate).
+    pub maintained: Maintained,
+}
+
+/// A node's maintenance as its `MaintenanceInProgress` condition (ours:
+/// reason `NodeMaintenance...`) tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Maintained {
+    /// No condition of ours.
+    #[default]
+    No,
+    /// A maintenance has the node.
+    InProgress,
+    /// Given back at this time.
+    EndedAt(Timestamp),
+}
+
+impl Maintained {
+    /// From the condition's status, reason and lastTransitionTime.
+    pub fn of(status: &str, reason: Option<&str>, since: Option<Timestamp>) -> Maintained {
+        use crate::api::consts::{NODE_CONDITION_REASON_ENDED, NODE_CONDITION_REASON_PREFIX};
+        match (status, reason, since) {
+            (_, Some(r), _) if !r.starts_with(NODE_CONDITION_REASON_PREFIX) => Maintained::No,
+            ("True", Some(_), _) => Maintained::InProgress,
+            ("False", Some(r), Some(at)) if r == NODE_CONDITION_REASON_ENDED => {
+                Maintained::EndedAt(at)
+            }
+            _ => Maintained::No,
+        }
+    }
 }
 
 impl FleetNode {
@@ -143,7 +181,20 @@ impl FleetNode {
             .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
             .is_some_and(|c| c.status == "True");
         let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable);
-        FleetNode::from_parts(&node.metadata, ready, unschedulable, zone_label)
+        let maintained = (node.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == crate::api::consts::NODE_CONDITION_MAINTENANCE_IN_PROGRESS)
+            })
+            .map_or(Maintained::No, |c| {
+                let since = c.last_transition_time.as_ref().map(|t| t.0);
+                Maintained::of(&c.status, c.reason.as_deref(), since)
+            });
+        FleetNode {
+            maintained,
+            ..FleetNode::from_parts(&node.metadata, ready, unschedulable, zone_label)
+        }
     }
 
     /// A view from a node's metadata, Ready, `spec.unschedulable` and the
@@ -163,6 +214,7 @@ impl FleetNode {
                 .and_then(|l| l.get(zone_label).cloned()),
             ready,
             cordoned: unschedulable.unwrap_or(false),
+            maintained: Maintained::No,
         }
     }
 }
@@ -188,16 +240,18 @@ pub enum GateReason {
     MaxUnavailable,
     PausedAfterFailure,
     AlertsFiring,
+    Settling,
 }
 
 impl GateReason {
     /// Every reason, for metrics set up before the first wait.
-    pub const ALL: [GateReason; 5] = [
+    pub const ALL: [GateReason; 6] = [
         GateReason::PausedAfterFailure,
         GateReason::AlertsFiring,
         GateReason::OutsideWindow,
         GateReason::MaxUnavailable,
         GateReason::ZoneBudget,
+        GateReason::Settling,
     ];
 
     /// The `Queued` condition's reason (and the event's).
@@ -208,6 +262,7 @@ impl GateReason {
             GateReason::MaxUnavailable => "MaxUnavailable",
             GateReason::PausedAfterFailure => "PausedAfterFailure",
             GateReason::AlertsFiring => "AlertsFiring",
+            GateReason::Settling => "Settling",
         }
     }
 
@@ -219,6 +274,7 @@ impl GateReason {
             GateReason::MaxUnavailable => "max_unavailable",
             GateReason::PausedAfterFailure => "paused_after_failure",
             GateReason::AlertsFiring => "alerts_firing",
+            GateReason::Settling => "settling",
         }
     }
 }
@@ -255,6 +311,7 @@ pub fn may_start(me: &Entry, all: &[Entry], observed: &GateInputs, gates: &Gates
         .or_else(|| outside_window(observed.now, &gates.windows))
         .or_else(|| unlisted(observed, gates))
         .or_else(|| budgets::check(me, all, observed, gates))
+        .or_else(|| settle::check(me, all, observed, gates))
         .unwrap_or(GateDecision::Start)
 }
 
@@ -293,9 +350,10 @@ fn unlisted(observed: &GateInputs, gates: &Gates) -> Option<GateDecision> {
     if observed.nodes_listed || !gates.needs_nodes() {
         return None;
     }
-    let (reason, flag) = match gates.max_unavailable {
-        Some(_) => (GateReason::MaxUnavailable, "--max-unavailable"),
-        None => (GateReason::ZoneBudget, "--max-concurrent-per-zone"),
+    let (reason, flag) = match (gates.max_unavailable, gates.max_per_zone) {
+        (Some(_), _) => (GateReason::MaxUnavailable, "--max-unavailable"),
+        (None, 1..) => (GateReason::ZoneBudget, "--max-concurrent-per-zone"),
+        (None, 0) => (GateReason::Settling, "--settle-after"),
     };
     GateDecision::wait(
         reason,

@@ -14,6 +14,7 @@ fn node(name: &str, zone: Option<&str>) -> FleetNode {
         zone: zone.map(str::to_string),
         ready: true,
         cordoned: false,
+        maintained: Maintained::No,
     }
 }
 
@@ -628,6 +629,115 @@ fn later_zone_waiters_keep_their_words_through_a_hand_over() {
     assert!(first.contains("w1 (node n1, starts first)"), "{first}");
 }
 
+fn settle(minutes: u64, per_zone: usize) -> Gates {
+    Gates {
+        settle_after: Some(std::time::Duration::from_secs(minutes * 60)),
+        max_per_zone: per_zone,
+        ..Gates::default()
+    }
+}
+
+fn ended(at: &'static str) -> fn(&mut FleetNode) {
+    match at {
+        "01:25" => |n| n.maintained = Maintained::EndedAt(ts("2026-12-12T01:25:00Z")),
+        "01:10" => |n| n.maintained = Maintained::EndedAt(ts("2026-12-12T01:10:00Z")),
+        _ => |n| n.maintained = Maintained::InProgress,
+    }
+}
+
+/// `--settle-after`: now is 01:30; a node given back at 01:25 holds the
+/// next start for a 10-minute pause (5 min left), one given back at 01:10
+/// does not; in progress with no maintenance holding it = being given back.
+#[test]
+fn settle_after() {
+    type Change = (&'static str, fn(&mut FleetNode));
+    let nodes = |changes: &[Change]| changes.iter().fold(fleet(), |acc, (n, f)| with(acc, n, *f));
+    run(vec![
+        Case {
+            name: "given back 5 min ago: 5 min left",
+            gates: settle(10, 0),
+            nodes: nodes(&[("n2", ended("01:25"))]),
+            all: vec![e("me", "n1", "2", None)],
+            want: Some((
+                GateReason::Settling,
+                &[
+                    "waits for node n2 to settle: given back 5m",
+                    "5m left",
+                    "--settle-after=10m",
+                ],
+            )),
+            ..Case::default()
+        },
+        Case {
+            name: "given back 20 min ago: settled",
+            gates: settle(10, 0),
+            nodes: nodes(&[("n2", ended("01:10"))]),
+            all: vec![e("me", "n1", "2", None)],
+            ..Case::default()
+        },
+        Case {
+            name: "the last one given back counts, not an older one",
+            gates: settle(10, 0),
+            nodes: nodes(&[("n2", ended("01:10")), ("n6", ended("01:25"))]),
+            all: vec![e("me", "n1", "2", None)],
+            want: Some((GateReason::Settling, &["node n6"])),
+            ..Case::default()
+        },
+        Case {
+            name: "settled but not Ready",
+            gates: settle(10, 0),
+            nodes: nodes(&[("n2", ended("01:10")), ("n2", not_ready)]),
+            all: vec![e("me", "n1", "2", None)],
+            want: Some((
+                GateReason::Settling,
+                &["waits for node n2, given back 20m", "to be Ready"],
+            )),
+            ..Case::default()
+        },
+        Case {
+            name: "being given back now (its maintenance gone, the condition not yet cleared)",
+            gates: settle(10, 0),
+            nodes: nodes(&[("n2", ended("now"))]),
+            all: vec![e("me", "n1", "2", None)],
+            want: Some((GateReason::Settling, &["given back 0s ago", "10m left"])),
+            ..Case::default()
+        },
+        Case {
+            name: "in progress under a running maintenance is not given back",
+            gates: settle(10, 0),
+            nodes: nodes(&[("n2", ended("now"))]),
+            all: vec![e("a", "n2", "1", Some(Running)), e("me", "n1", "2", None)],
+            ..Case::default()
+        },
+        Case {
+            name: "with a zone budget, only the zone's nodes count",
+            gates: settle(10, 1),
+            nodes: nodes(&[("n6", ended("01:25"))]),
+            all: vec![e("me", "n1", "2", None)],
+            ..Case::default()
+        },
+        Case {
+            name: "with a zone budget, the zone's last node holds",
+            gates: settle(10, 1),
+            nodes: nodes(&[("n3", ended("01:25"))]),
+            all: vec![e("me", "n1", "2", None)],
+            want: Some((
+                GateReason::Settling,
+                &["node n3", r#"next node of zone "a""#],
+            )),
+            ..Case::default()
+        },
+        Case {
+            name: "the zone is full: ZoneBudget first",
+            gates: settle(10, 1),
+            nodes: nodes(&[("n3", ended("01:25"))]),
+            all: vec![e("a", "n0", "1", Some(Running)), e("me", "n1", "2", None)],
+            want: Some((GateReason::ZoneBudget, &["zone \"a\""])),
+            ..Case::default()
+        },
+    ]);
+}
+
 /// Every gate blocks; lifting them one by one shows their order.
 #[test]
 fn gates_decide_in_their_documented_order() {
@@ -637,12 +747,15 @@ fn gates_decide_in_their_documented_order() {
     };
     gates.windows = windows(&[BERLIN_SATURDAY]).windows;
     gates.alerts = alert_gate("").alerts;
+    gates.settle_after = Some(std::time::Duration::from_secs(600));
     let all = vec![
         e("broken", "n9", "0", Some(Failed)),
         e("a", "n0", "1", Some(Running)),
         e("me", "n1", "2", None),
     ];
-    let nodes = fleet();
+    let nodes = with(fleet(), "n2", |n| {
+        n.maintained = Maintained::EndedAt(ts("2026-12-13T23:59:00Z"));
+    });
     let alerts = AlertsSeen::Read(vec![alert("NodeDown", "critical", "firing")]);
     let me = &all[2];
     let mut seen = Vec::new();
@@ -658,6 +771,7 @@ fn gates_decide_in_their_documented_order() {
             GateReason::OutsideWindow => gates.windows.clear(),
             GateReason::MaxUnavailable => gates.max_unavailable = None,
             GateReason::ZoneBudget => gates.max_per_zone = 0,
+            GateReason::Settling => gates.settle_after = None,
         }
     }
     assert_eq!(seen, GateReason::ALL);
@@ -673,7 +787,8 @@ fn reasons_are_named_exactly() {
             "AlertsFiring",
             "OutsideWindow",
             "MaxUnavailable",
-            "ZoneBudget"
+            "ZoneBudget",
+            "Settling"
         ]
     );
     let labels: Vec<&str> = GateReason::ALL.iter().map(|r| r.metric_label()).collect();
@@ -684,7 +799,8 @@ fn reasons_are_named_exactly() {
             "alerts_firing",
             "outside_window",
             "max_unavailable",
-            "zone_budget"
+            "zone_budget",
+            "settling"
         ]
     );
     assert_eq!(GateReason::ZoneBudget.to_string(), "ZoneBudget");
