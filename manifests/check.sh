@@ -96,9 +96,17 @@ has "$b" '^  name: nmo-metrics-auth$' "base: ClusterRole nmo-metrics-auth missin
 # (tests/tools/src/bin/rbac-audit.rs).
 # docs FILE KIND: the documents of that kind, separated by NUL.
 docs() { awk -v k="$2" 'BEGIN{RS="\n---\n"; ORS="\0"} $0 ~ "(^|\n)kind: " k "\n" {print}' "$1"; }
+# Namespaces themselves are cluster-scoped: a ClusterRole may read them (the
+# drain rules' namespaceSelector: list, watch), never write them.
 while IFS= read -r -d '' d; do
-    ! grep -Eq -- '- (leases|events|namespaces|secrets|configmaps)$' <<<"$d" ||
-        fail "base: a ClusterRole grants leases, events, namespaces, secrets or configmaps cluster-wide; these are Roles in their namespace:
+    ! grep -Eq -- '- (leases|events|secrets|configmaps)$' <<<"$d" ||
+        fail "base: a ClusterRole grants leases, events, secrets or configmaps cluster-wide; these are Roles in their namespace:
+$d"
+    ! awk '/^- apiGroups:/{if (ns && bad) found=1; ns=0; bad=0}
+           /^  - namespaces$/{ns=1}
+           /^  - (create|update|patch|delete|deletecollection|\*)$/{bad=1}
+           END{if (ns && bad) found=1; exit !found}' <<<"$d" ||
+        fail "base: a ClusterRole may write namespaces; only list and watch are granted:
 $d"
 done < <(docs "$b" ClusterRole)
 has "$b" '^  name: medik8s-leases$' "base: Namespace medik8s-leases (home of the per-node leases and their Role) missing"
