@@ -103,6 +103,10 @@ pub struct Config {
     /// The fleet gates (shared with the webhook, which warns with them).
     #[command(flatten)]
     pub gates: GateFlags,
+
+    /// Drain flags (shared with the webhook, which warns with them).
+    #[command(flatten)]
+    pub drain: shared::serve::drain_flags::DrainFlags,
 }
 
 /// A duration in Go's syntax ("5s", "500ms", "1m30s"), above zero.

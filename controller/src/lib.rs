@@ -10,6 +10,7 @@ pub mod drain_wakes;
 pub mod events;
 pub mod fleet;
 pub mod leadership;
+pub mod load_balancers;
 pub mod metrics;
 pub mod node;
 pub mod node_cache;

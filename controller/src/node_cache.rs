@@ -67,16 +67,20 @@ fn rv(node: &Node) -> Option<&str> {
     node.metadata.resource_version.as_deref()
 }
 
+/// The node annotations the controller reads (ours).
+const READ_ANNOTATIONS: [&str; 2] = [
+    PRIOR_CORDON_ANNOTATION,
+    shared::serve::drain_flags::EXCLUDED_AT_ANNOTATION,
+];
+
 /// A node holding only what the controller reads: name, uid, version,
-/// labels, the prior-cordon annotation, cordon, taints.
+/// labels, our annotations, cordon, taints.
 fn lean_node(meta: &ObjectMeta, unschedulable: Option<bool>, taints: Option<Vec<Taint>>) -> Node {
-    let kept = meta.annotations.as_ref().and_then(|a| {
-        let v = a.get(PRIOR_CORDON_ANNOTATION)?;
-        Some(std::collections::BTreeMap::from([(
-            PRIOR_CORDON_ANNOTATION.to_string(),
-            v.clone(),
-        )]))
-    });
+    let kept: std::collections::BTreeMap<String, String> = (meta.annotations.iter().flatten())
+        .filter(|(k, _)| READ_ANNOTATIONS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let kept = (!kept.is_empty()).then_some(kept);
     Node {
         metadata: ObjectMeta {
             name: meta.name.clone(),

@@ -374,6 +374,7 @@ pub(crate) mod tests {
                 timeout: budget,
                 gates: GateSettings::default(),
                 selector: Default::default(),
+                shed_traffic: None,
             },
             &Readiness::default(),
             &metrics,
@@ -402,6 +403,7 @@ pub(crate) mod tests {
                 timeout: Duration::ZERO,
                 gates: GateSettings::default(),
                 selector: Default::default(),
+                shed_traffic: None,
             },
             &Readiness::default(),
             &metrics,
@@ -428,6 +430,7 @@ pub(crate) mod tests {
             timeout: Duration::from_millis(50),
             gates: GateSettings::of(&cli.gates).expect("gates"),
             selector: Default::default(),
+            shed_traffic: None,
         };
         let metrics = Metrics::new().expect("metrics");
         let caches = Caches::start(

@@ -138,6 +138,11 @@ pub struct Config {
     #[command(flatten)]
     pub gates: GateFlags,
 
+    /// Drain flags, as the controller's: the webhook warns that a node will
+    /// be taken out of the load balancers first.
+    #[command(flatten)]
+    pub drain: shared::serve::drain_flags::DrainFlags,
+
     /// Time budget of the admission warnings of one create (pods of the node,
     /// PodDisruptionBudgets, KubeVirt VMIs): what is not known by then is left
     /// out (and named as not checked). 0 turns the warnings off.

@@ -118,6 +118,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
             timeout: config.warnings_timeout,
             gates: GateSettings::of(&config.gates).map_err(ConfigError::Gates)?,
             selector: config.nodemaintenance_selector.clone(),
+            shed_traffic: config.drain.shed_traffic(),
         },
         &readiness,
         &metrics,

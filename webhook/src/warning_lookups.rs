@@ -60,6 +60,9 @@ pub struct WarningSettings {
     pub gates: GateSettings,
     /// --nodemaintenance-selector: the NodeMaintenances the queue counts.
     pub selector: Selector,
+    /// --exclude-from-load-balancers: the drain's wait before its first
+    /// eviction (--load-balancer-drain-delay), as the controller's.
+    pub shed_traffic: Option<Duration>,
 }
 
 /// The caches the warnings read; neither gates readiness.
@@ -124,6 +127,11 @@ impl WarningLookups {
         let queue = self.queue_facts(caches.maintenances, nm, deadline);
         let node = self.node_facts(&mut facts, &caches, deadline);
         let (queue, ()) = tokio::join!(queue, node);
+        facts.shed_traffic = self.settings.shed_traffic.map(|delay| {
+            let labelled = node_labels(&caches, &facts.node)
+                .contains_key(shared::serve::drain_flags::EXCLUDE_FROM_LB_LABEL);
+            (delay, labelled)
+        });
         facts.slot_ahead = queue.slot_ahead;
         facts.gate = queue.wait;
         let node_unchecked = std::mem::take(&mut facts.unchecked);
@@ -229,10 +237,7 @@ impl WarningLookups {
                 ));
             }
         };
-        let node_labels = (caches.nodes.ready_store().ok())
-            .and_then(|s| s.get(&ObjectRef::new(node)))
-            .and_then(|n| n.metadata.labels.clone())
-            .unwrap_or_default();
+        let node_labels = node_labels(caches, node);
         let node_rules = rules.for_node(&node_labels);
         for (f, pod) in facts.iter_mut().zip(&pods) {
             let empty = std::collections::BTreeMap::new();
@@ -413,4 +418,15 @@ pub(crate) async fn detect_openshift_until_known(client: &Client) -> bool {
             }
         }
     }
+}
+
+/// The labels of `node` in the node cache (empty when not known).
+fn node_labels(
+    caches: &WarningCaches<'_>,
+    node: &str,
+) -> std::collections::BTreeMap<String, String> {
+    (caches.nodes.ready_store().ok())
+        .and_then(|s| s.get(&ObjectRef::new(node)))
+        .and_then(|n| n.metadata.labels.clone())
+        .unwrap_or_default()
 }

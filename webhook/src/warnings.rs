@@ -193,6 +193,9 @@ pub struct Facts {
     /// The fleet gate it will wait for (`shared::rules::gates::may_start`),
     /// with the gate's message; on its own or besides a slot wait.
     pub gate: Option<(GateReason, String)>,
+    /// `--exclude-from-load-balancers`: the wait before the first eviction,
+    /// and whether the node carries the exclusion label already.
+    pub shed_traffic: Option<(std::time::Duration, bool)>,
     /// What could not be checked, one line each.
     pub unchecked: Vec<String>,
 }
@@ -209,6 +212,9 @@ pub fn build(facts: &Facts) -> Vec<String> {
     if let Some((reason, message)) = &facts.gate {
         out.push(gate_line(*reason, message));
     }
+    if let Some((delay, labelled)) = facts.shed_traffic {
+        out.push(shed_traffic_line(&facts.node, delay, labelled));
+    }
     let ruled = facts.pods.iter().filter(|p| p.leaves());
     out.extend(drain_rule_lines(
         &facts.node,
@@ -217,26 +223,7 @@ pub fn build(facts: &Facts) -> Vec<String> {
     ));
     let pods: Vec<&PodFacts> = facts.pods.iter().filter(|p| p.evicted()).collect();
     out.extend(pdb_lines(&pods, &facts.pdbs));
-    for pod in &pods {
-        let Some(vmi) = &pod.vmi else { continue };
-        if let Some(nm) = facts
-            .not_migratable
-            .get(&(pod.namespace.clone(), vmi.clone()))
-        {
-            let why = match (nm.reason.is_empty(), nm.message.is_empty()) {
-                (true, true) => "no reason given".to_string(),
-                (false, true) => nm.reason.clone(),
-                (true, false) => nm.message.clone(),
-                (false, false) => format!("{}: {}", nm.reason, nm.message),
-            };
-            // The VMI's own words last: a long message is what gets clipped.
-            out.push(format!(
-                "VirtualMachineInstance {}/{vmi} (pod {}) cannot live-migrate, so the drain \
-                 stops it or waits for it (its evictionStrategy decides): {why}",
-                pod.namespace, pod.name
-            ));
-        }
-    }
+    out.extend(vmi_lines(&pods, &facts.not_migratable));
     for pod in pods.iter().filter(|p| !p.has_controller) {
         out.push(format!(
             "pod {}/{} has no controller: it will be deleted for good, not recreated elsewhere",
@@ -258,6 +245,51 @@ pub fn build(facts: &Facts) -> Vec<String> {
     }
     out.extend(facts.unchecked.iter().cloned());
     cap(out.into_iter().map(|w| one_line(&w)).collect())
+}
+
+/// The VMs of virt-launcher pods that cannot live-migrate, one line each.
+fn vmi_lines(
+    pods: &[&PodFacts],
+    not_migratable: &BTreeMap<(String, String), NotMigratable>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for pod in pods {
+        let Some(vmi) = &pod.vmi else { continue };
+        if let Some(nm) = not_migratable.get(&(pod.namespace.clone(), vmi.clone())) {
+            let why = match (nm.reason.is_empty(), nm.message.is_empty()) {
+                (true, true) => "no reason given".to_string(),
+                (false, true) => nm.reason.clone(),
+                (true, false) => nm.message.clone(),
+                (false, false) => format!("{}: {}", nm.reason, nm.message),
+            };
+            // The VMI's own words last: a long message is what gets clipped.
+            out.push(format!(
+                "VirtualMachineInstance {}/{vmi} (pod {}) cannot live-migrate, so the drain \
+                 stops it or waits for it (its evictionStrategy decides): {why}",
+                pod.namespace, pod.name
+            ));
+        }
+    }
+    out
+}
+
+/// `--exclude-from-load-balancers`: the node leaves the load balancers
+/// first, and the drain waits before its first eviction.
+fn shed_traffic_line(node: &str, delay: std::time::Duration, labelled: bool) -> String {
+    let label = shared::serve::drain_flags::EXCLUDE_FROM_LB_LABEL;
+    let delay = shared::rules::duration::format(delay);
+    if labelled {
+        format!(
+            "node {node} already carries label {label}: it is kept after the maintenance; the \
+             first eviction waits {delay} (--load-balancer-drain-delay) only when the label goes \
+             on with the maintenance"
+        )
+    } else {
+        format!(
+            "node {node} will be labelled {label} with its cordon (--exclude-from-load-balancers) \
+             and the first eviction waits {delay} (--load-balancer-drain-delay)"
+        )
+    }
 }
 
 /// The pods a PodDisruptionBudget holds now, one line each.
@@ -749,5 +781,31 @@ mod tests {
             {"type": "LiveMigratable", "status": "True"}]}});
         assert_eq!(vmi_not_migratable(&ok), None);
         assert_eq!(vmi_not_migratable(&serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn shedding_traffic_first_is_said_once() {
+        let delay = std::time::Duration::from_secs(30);
+        let line = |labelled| {
+            build(&Facts {
+                node: "w1".into(),
+                shed_traffic: Some((delay, labelled)),
+                ..Default::default()
+            })
+        };
+        assert_eq!(
+            line(false),
+            [
+                "node w1 will be labelled node.kubernetes.io/exclude-from-external-load-balancers \
+              with its cordon (--exclude-from-load-balancers) and the first eviction waits 30s \
+              (--load-balancer-drain-delay)"
+            ]
+        );
+        assert!(
+            line(true)[0].contains("already carries label"),
+            "{:?}",
+            line(true)
+        );
+        assert!(build(&Facts::default()).is_empty(), "off: no line");
     }
 }

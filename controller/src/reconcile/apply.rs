@@ -1,6 +1,8 @@
 //! Apply: carry a [`Plan`] out against the API server, in one fixed order
 //! (metadata, lease, node, drain), and hand back what to write.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, ResourceExt};
@@ -12,9 +14,13 @@ use shared::api::consts::{
 use shared::{DrainTimeoutAction, NodeMaintenance, NodeMaintenanceStatus, PodReference};
 
 use super::writes::{patch_metadata, patch_node, set_finalizers};
-use super::{Ctx, EVENT_CORDON_KEPT, EVENT_NODE_WAS_CORDONED, EVENT_POD_FORCE_DELETED, Error};
+use super::{
+    Ctx, EVENT_CORDON_KEPT, EVENT_LOAD_BALANCERS_EXCLUDED, EVENT_NODE_WAS_CORDONED,
+    EVENT_POD_FORCE_DELETED, Error,
+};
 use crate::conditions::Cause;
 use crate::drain::{self, LeavingPod, NodePods, PodOutcome};
+use crate::load_balancers;
 use crate::node;
 use crate::node_lease::LeaseError;
 use crate::plan::node_conditions::{self, Stage};
@@ -124,7 +130,13 @@ async fn maintain(
         let why = Why::new(Cause::Progress, entered.is_ok());
         super::record::write_status(ctx, nm, status.clone(), why).await?;
     }
-    entered?;
+    if let Some(left) = shed_traffic_wait(ctx, nm, node, entered?) {
+        return Ok(Record {
+            status,
+            why: Why::new(Cause::Progress, true),
+            requeue: Some(left),
+        });
+    }
     let pods = match listed {
         Some(pods) => pods,
         None => ctx.drainer.list(node).await?,
@@ -150,6 +162,21 @@ async fn maintain(
         deadline,
         ctx.blocked_retry,
     ))
+}
+
+/// How long the first eviction still waits for the load balancers
+/// (`--exclude-from-load-balancers`); `excluded_now`: the label went on in
+/// this pass.
+fn shed_traffic_wait(
+    ctx: &Ctx,
+    nm: &NodeMaintenance,
+    node: &Node,
+    excluded_now: bool,
+) -> Option<Duration> {
+    let left = load_balancers::drain_wait(node, ctx.shed_traffic?, ctx.clock.now(), excluded_now)?;
+    tracing::debug!(nodemaintenance = %nm.name_any(), node = %node.name_any(),
+        wait_ms = left.as_millis() as u64, "waiting for the load balancers before the first eviction");
+    Some(left)
 }
 
 /// The lease, before anything touches the node, and the node's pods
@@ -187,15 +214,43 @@ async fn taken(
 }
 
 /// Put `node` into maintenance when anything of it is missing, noting a
-/// cordon that was there before.
-async fn enter(ctx: &Ctx, nm: &NodeMaintenance, node: &Node, node_name: &str) -> Result<(), Error> {
-    let Some(ops) = node::enter_patch(node) else {
-        return Ok(());
+/// cordon that was there before; with `--exclude-from-load-balancers`, the
+/// exclusion label in the same patch. True when that label went on now.
+async fn enter(
+    ctx: &Ctx,
+    nm: &NodeMaintenance,
+    node: &Node,
+    node_name: &str,
+) -> Result<bool, Error> {
+    let enter_ops = node::enter_patch(node).unwrap_or_default();
+    let lb_ops = match ctx.shed_traffic {
+        Some(_) => {
+            // A map the enter patch creates exists for the operations after it.
+            let has = |map: &str, present: bool| {
+                present
+                    || enter_ops
+                        .iter()
+                        .any(|o| o["path"] == format!("/metadata/{map}"))
+            };
+            let maps = (
+                has("labels", node.metadata.labels.is_some()),
+                has("annotations", node.metadata.annotations.is_some()),
+            );
+            load_balancers::exclude_ops(node, ctx.clock.now(), maps)
+        }
+        None => Vec::new(),
     };
-    let prior = node::notes_prior_cordon(node);
+    let (entering, excluded) = (!enter_ops.is_empty(), !lb_ops.is_empty());
+    let ops = [enter_ops, lb_ops].concat();
+    if ops.is_empty() {
+        return Ok(false);
+    }
+    let prior = entering && node::notes_prior_cordon(node);
     patch_node(ctx, node_name, ops, "put into maintenance").await?;
-    tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, prior_cordon = prior,
-        "node cordoned, tainted and excluded from remediation");
+    if entering {
+        tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, prior_cordon = prior,
+            "node cordoned, tainted and excluded from remediation");
+    }
     if prior {
         let msg = format!(
             "node {node_name} was already unschedulable before NodeMaintenance {}; it stays \
@@ -204,7 +259,25 @@ async fn enter(ctx: &Ctx, nm: &NodeMaintenance, node: &Node, node_name: &str) ->
         );
         ctx.events.note(nm, EVENT_NODE_WAS_CORDONED, &msg).await;
     }
-    Ok(())
+    if excluded {
+        excluded_event(ctx, nm, node_name).await;
+    }
+    Ok(excluded)
+}
+
+/// LoadBalancersExcluded, and the log line, when the exclusion label went on.
+async fn excluded_event(ctx: &Ctx, nm: &NodeMaintenance, node_name: &str) {
+    let delay = shared::rules::duration::format(ctx.shed_traffic.unwrap_or_default());
+    let msg = format!(
+        "node {node_name} labelled {} (--exclude-from-load-balancers); the first eviction waits \
+         {delay} (--load-balancer-drain-delay) so the load balancers stop sending it traffic",
+        shared::serve::drain_flags::EXCLUDE_FROM_LB_LABEL
+    );
+    tracing::info!(nodemaintenance = %nm.name_any(), node = %node_name, delay = %delay,
+        "node excluded from external load balancers");
+    ctx.events
+        .note(nm, EVENT_LOAD_BALANCERS_EXCLUDED, &msg)
+        .await;
 }
 
 /// Take or renew the node's medik8s lease, and say (in the log) what
@@ -360,15 +433,23 @@ pub(super) async fn give_back(
     Ok(())
 }
 
-/// Take off the node what the maintenance put on it. Says UncordonNode
-/// only when that changed something (a retried cleanup finds the node
-/// already given back and says nothing).
+/// Take off the node what the maintenance put on it (with the
+/// load-balancer exclusion we added). Says UncordonNode only when that
+/// changed something (a retried cleanup finds the node already given back
+/// and says nothing).
 async fn undo_on_node(ctx: &Ctx, node_name: &str, node: &Node) -> Result<(), Error> {
-    let Some(ops) = node::exit_patch(node) else {
+    let exit = node::exit_patch(node);
+    let gives_back = exit.is_some();
+    let mut ops = exit.unwrap_or_default();
+    ops.extend(load_balancers::give_back_ops(node));
+    if ops.is_empty() {
         return Ok(());
-    };
+    }
     let keep = node::keeps_cordon(node);
     patch_node(ctx, &node.name_any(), ops, "give back").await?;
+    if !gives_back {
+        return Ok(());
+    }
     if keep {
         let msg = format!(
             "node {node_name} given back but left unschedulable: it was cordoned before its \

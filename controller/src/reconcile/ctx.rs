@@ -50,6 +50,9 @@ pub struct Ctx {
     pub node_signals: super::NodeSignals,
     /// The fleet gates and what they read (nodes, alerts).
     pub fleet: Fleet,
+    /// `--exclude-from-load-balancers`: the wait before the first eviction
+    /// (`--load-balancer-drain-delay`); None: traffic is not shed first.
+    pub shed_traffic: Option<Duration>,
     /// The time every decision of a pass reads (set by unit tests).
     pub clock: Clock,
 }
@@ -90,6 +93,7 @@ impl Ctx {
             node_lifecycle_conditions: cfg.node_lifecycle_conditions,
             node_signals: super::NodeSignals::default(),
             fleet,
+            shed_traffic: cfg.drain.shed_traffic(),
             clock: Clock::system(),
         }
     }

@@ -63,6 +63,9 @@ const EVENT_DRAIN_BLOCKED: &str = "DrainBlocked";
 /// DrainWaitingForCompletion (Normal): the pods a drain rule waits for
 /// until they complete (behavior WaitCompleted) changed.
 const EVENT_DRAIN_WAITING_FOR_COMPLETION: &str = "DrainWaitingForCompletion";
+/// LoadBalancersExcluded (Normal): the node was labelled out of the
+/// external load balancers; the first eviction waits the drain delay.
+const EVENT_LOAD_BALANCERS_EXCLUDED: &str = "LoadBalancersExcluded";
 /// PodForceDeleted (Warning): a pod deleted without eviction (drainTimeoutAction: Force).
 const EVENT_POD_FORCE_DELETED: &str = "PodForceDeleted";
 /// ReconcilePanicked (Warning): the cleanup of a deleted maintenance panicked (a bug).

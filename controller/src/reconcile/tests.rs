@@ -7,6 +7,7 @@
 mod drain_rules;
 mod fake;
 mod gates;
+mod load_balancers;
 mod node_signals;
 mod scenarios;
 

@@ -24,6 +24,7 @@ const KEPT_ANNOTATIONS: &[&str] = &[
     MIRROR_POD_ANNOTATION,
     crate::api::consts::PRIOR_CORDON_ANNOTATION,
     crate::rules::drain::DRAIN_ORDER_ANNOTATION,
+    crate::serve::drain_flags::EXCLUDED_AT_ANNOTATION,
 ];
 
 /// Marks the API mirror of a static pod (the drain leaves those).

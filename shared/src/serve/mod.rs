@@ -4,6 +4,7 @@
 //! Go flag syntax, shutdown; the fleet gates' flags and the alert gate's reader.
 
 pub mod alert_source;
+pub mod drain_flags;
 pub mod gate_flags;
 pub mod goflags;
 pub mod https;

@@ -402,3 +402,94 @@ async fn bad_rules_are_denied_and_the_warnings_name_what_the_rules_do() {
     println!("warnings:\n{}", warnings.join("\n"));
     delete_rules(&client, &bed).await;
 }
+
+/// `--exclude-from-load-balancers --load-balancer-drain-delay=3s`: the node
+/// gets the exclusion label with its cordon, its pod is not evicted before
+/// the delay, and the give-back removes the label; a node that carried the
+/// label before keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_is_shed_first_and_the_label_given_back() {
+    use shared::serve::drain_flags::EXCLUDE_FROM_LB_LABEL;
+    const DELAY: Duration = Duration::from_secs(3);
+    let flags = [
+        "--exclude-from-load-balancers".to_string(),
+        "--load-balancer-drain-delay=3s".to_string(),
+    ];
+    let env = Env::with_flags("nm-dr-lb", 0, &flags).await;
+    let node = env.target().await;
+    env.bed.pod_on("web", &node, json!({})).await.expect("pod");
+    running(&env, "web").await;
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let marked = tokio::spawn(deletions(pods(&env), 1, listed_tx));
+    tokio::time::timeout(SHORT, listed)
+        .await
+        .expect("the pod watch listed within 30 s")
+        .expect("the watch task runs");
+    let nm = env.n("a");
+    env.create_nm(&nm, &node).await;
+    let labelled_at = until("the exclusion label on the node", SHORT, || async {
+        let n = env.nodes().get(&node).await?;
+        Ok(match n.labels().get(EXCLUDE_FROM_LB_LABEL) {
+            Some(v) if v == "true" => Poll::Ready(Instant::now()),
+            other => Poll::Pending(format!("{other:?}")),
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    env.wait_event(&nm, "LoadBalancersExcluded").await;
+    env.wait_phase(&nm, MaintenancePhase::Succeeded).await;
+    let evicted = tokio::time::timeout(SHORT, marked)
+        .await
+        .expect("the eviction seen")
+        .expect("watch task");
+    let after = evicted["web"].duration_since(labelled_at);
+    println!(
+        "load balancer figure: web evicted {} ms after the label was seen",
+        after.as_millis()
+    );
+    // The label was seen a little after it went on (polling): the first
+    // eviction comes at least the delay after, less that lag.
+    assert!(
+        after + Duration::from_millis(500) >= DELAY,
+        "evicted {after:?} after the label"
+    );
+    env.nms()
+        .delete(&nm, &DeleteParams::default())
+        .await
+        .expect("deleted");
+    env.wait_gone(&nm).await;
+    let back = env.nodes().get(&node).await.expect("node");
+    assert!(
+        !back.labels().contains_key(EXCLUDE_FROM_LB_LABEL),
+        "given back: {:?}",
+        back.labels()
+    );
+
+    // A node that carried the label before keeps it.
+    let other = env
+        .bed
+        .node("labelled", false)
+        .await
+        .expect("node")
+        .name_any();
+    let add = json!({"metadata": {"labels": {EXCLUDE_FROM_LB_LABEL: "admin"}}});
+    env.nodes()
+        .patch(&other, &PatchParams::default(), &Patch::Merge(&add))
+        .await
+        .expect("labelled by an admin");
+    let nm_b = env.n("b");
+    env.create_nm(&nm_b, &other).await;
+    env.wait_phase(&nm_b, MaintenancePhase::Succeeded).await;
+    env.nms()
+        .delete(&nm_b, &DeleteParams::default())
+        .await
+        .expect("deleted");
+    env.wait_gone(&nm_b).await;
+    let kept = env.nodes().get(&other).await.expect("node");
+    assert_eq!(
+        kept.labels().get(EXCLUDE_FROM_LB_LABEL).map(String::as_str),
+        Some("admin"),
+        "an admin's label is kept"
+    );
+    env.teardown().await;
+}
