@@ -75,6 +75,10 @@ struct Watched {
     /// Per node, the resourceVersion of its drain's last pod list, and when
     /// it was said.
     listed_at: Mutex<HashMap<String, (String, std::time::Instant)>>,
+    /// Per node, the pods its drain waits for until they complete (a drain
+    /// rule's WaitCompleted): any change of one wakes the drain (a pod that
+    /// finished leaves at once, not on the blocked retry).
+    waited: Mutex<HashMap<String, HashSet<(String, String)>>>,
     nudge: tokio::sync::Notify,
 }
 
@@ -101,7 +105,28 @@ impl WatchedNodes {
             self.lock().insert(node.to_string());
         } else {
             self.lock().remove(node);
+            self.0.waited.locked().remove(node);
         }
+    }
+
+    /// The pods (namespace, name) the drain of `node` waits for until they
+    /// complete, as its last round found them (empty: none).
+    pub fn waiting_for(&self, node: &str, pods: HashSet<(String, String)>) {
+        let mut waited = self.0.waited.locked();
+        if pods.is_empty() {
+            waited.remove(node);
+        } else {
+            waited.insert(node.to_string(), pods);
+        }
+    }
+
+    /// Whether the drain of `node` waits for pod `ns`/`name` to complete.
+    fn waits_for(&self, node: &str, ns: &str, name: &str) -> bool {
+        self.0
+            .waited
+            .locked()
+            .get(node)
+            .is_some_and(|p| p.contains(&(ns.to_string(), name.to_string())))
     }
 
     /// A drain round on `node` listed its pods at resourceVersion `at` and
@@ -309,8 +334,16 @@ impl Blockers {
                 }
             }
             Ok(watcher::Event::Apply(pod)) => {
+                let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
                 if let Some(w) = self.watched.get_mut(node) {
                     w.pods.seen(&pod);
+                }
+                if self.up.waits_for(node, &ns, &name) {
+                    let why = format!("pod {ns}/{name}, waited for until it completes, changed");
+                    let nms = self.store.state();
+                    for nm in nms.iter().filter(|nm| nm.spec.node_name == node) {
+                        self.wake(nm, &why);
+                    }
                 }
             }
             Ok(watcher::Event::Init) => {

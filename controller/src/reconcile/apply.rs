@@ -332,6 +332,12 @@ async fn drain_round(
     };
     let budget = tokio::time::Instant::now() + drain::EVICTION_BUDGET;
     let outcomes = ctx.drainer.evict(&pods.must_leave, budget).await;
+    // A pod waited for until it completes wakes the drain when it changes.
+    let waited = (outcomes.iter())
+        .filter(|(_, o)| matches!(o, PodOutcome::WaitingForCompletion(_)))
+        .map(|(r, _)| (r.namespace.clone(), r.name.clone()))
+        .collect();
+    ctx.departures_watched.waiting_for(node_name, waited);
     for o in outcomes.values() {
         // A terminating pod got no eviction request this round, nor did one
         // a drain rule holds back.
